@@ -1,0 +1,1 @@
+"""Per-environment settings (``<env>.yaml`` + ``settings.py``) and the ParallelCluster config built from them."""

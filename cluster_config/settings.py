@@ -1,0 +1,313 @@
+"""Typed, validated settings for one environment, loaded from ``cluster_config/<env>.yaml``.
+
+This module is the single place where settings are checked. Everything downstream (the CDK
+stacks, the ParallelCluster config renderer, the planner) receives a ``Settings`` object and
+can trust it. A bad file fails here with a message naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent
+
+# FSx for Lustre PERSISTENT_2: 1.2 TiB, 2.4 TiB, then increments of 2.4 TiB (values in GiB).
+FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)  # MB/s per TiB of storage
+
+
+class SettingsError(ValueError):
+    """A settings file is missing or invalid; the message says where and how to fix it."""
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos until proven otherwise; settings never change after loading.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NetworkSettings(_Strict):
+    vpc_cidr: str = "10.0.0.0/16"
+    # Empty: no SSH at all, administrators use SSM Session Manager. Otherwise a short allow-list.
+    ssh_allowed_cidrs: list[str] = Field(default_factory=list)
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, value: str) -> str:
+        network = _parse_cidr(value)
+        if network.prefixlen > 20:
+            raise ValueError(f"{value} is too small for the cluster's subnets; use a /16 to /20 block, e.g. 10.0.0.0/16")
+        return value
+
+    @field_validator("ssh_allowed_cidrs")
+    @classmethod
+    def _ssh_cidrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            network = _parse_cidr(value)
+            if network.prefixlen == 0:
+                raise ValueError(
+                    f"{value} opens SSH to the whole internet; remove it to use SSM Session Manager "
+                    "(the default), or list your office/VPN range, e.g. 203.0.113.0/24"
+                )
+        return values
+
+
+class HeadNodeSettings(_Strict):
+    instance_type: str
+    root_volume_gib: int = Field(200, ge=40)
+
+
+class CapacityReservationSettings(_Strict):
+    id: str
+    instance_count: int = Field(gt=0)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not re.fullmatch(r"cr-[0-9a-f]{17}", value):
+            raise ValueError(
+                f"{value!r} is not an On-Demand Capacity Reservation id; expected 'cr-' followed by 17 "
+                "lowercase hex digits, e.g. cr-0123456789abcdef0 (EC2 console > Capacity Reservations)"
+            )
+        return value
+
+
+class EfaSettings(_Strict):
+    enabled: bool = True
+    gdr_support: bool = True  # GPUDirect RDMA: p4d/p5 instances
+
+
+class RootVolumeSettings(_Strict):
+    size_gib: int = Field(200, ge=35)
+    iops: int = Field(3000, ge=3000, le=16000)
+    throughput_mib_s: int = Field(125, ge=125, le=1000)
+
+
+class GpuQueueSettings(_Strict):
+    name: str = "gpu"
+    instance_type: str
+    gpus_per_instance: int = Field(gt=0)
+    min_count: int = Field(0, ge=0)
+    max_count: int = Field(gt=0)
+    capacity_reservation: Optional[CapacityReservationSettings] = None
+    placement_group: bool = True
+    efa: EfaSettings = EfaSettings()
+    root_volume: RootVolumeSettings = RootVolumeSettings()
+    price_per_instance_hour_usd: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _counts(self) -> "GpuQueueSettings":
+        if self.min_count > self.max_count:
+            raise ValueError(f"min_count {self.min_count} is above max_count {self.max_count}; lower min_count")
+        reservation = self.capacity_reservation
+        if reservation and self.max_count > reservation.instance_count:
+            raise ValueError(
+                f"max_count {self.max_count} is above the capacity reservation's instance_count "
+                f"{reservation.instance_count}; lower max_count to {reservation.instance_count} or enlarge the reservation"
+            )
+        return self
+
+
+class CpuQueueSettings(_Strict):
+    name: str = "cpu"
+    instance_type: str
+    min_count: int = Field(0, ge=0)
+    max_count: int = Field(gt=0)
+
+
+class FileSystemSettings(_Strict):
+    storage_capacity_gib: int
+    throughput_per_tib: int  # MB/s per TiB
+    mount_dir: str
+    data_compression: Literal["LZ4", "NONE"] = "LZ4"
+
+    @field_validator("storage_capacity_gib")
+    @classmethod
+    def _capacity(cls, value: int) -> int:
+        if value not in (1200, 2400) and (value <= 0 or value % 2400):
+            below = max(2400, value // 2400 * 2400)
+            raise ValueError(
+                f"{value} GiB is not a valid PERSISTENT_2 size; use 1200, 2400 or a multiple of 2400 "
+                f"(nearest: {below} or {below + 2400})"
+            )
+        return value
+
+    @field_validator("throughput_per_tib")
+    @classmethod
+    def _throughput(cls, value: int) -> int:
+        if value not in FSX_PERSISTENT_2_THROUGHPUTS:
+            allowed = ", ".join(map(str, FSX_PERSISTENT_2_THROUGHPUTS))
+            raise ValueError(f"{value} MB/s/TiB is not offered for PERSISTENT_2; use one of {allowed}")
+        return value
+
+    @field_validator("mount_dir")
+    @classmethod
+    def _mount_dir(cls, value: str) -> str:
+        if not re.fullmatch(r"/[A-Za-z0-9_\-/]+", value) or value.endswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path without a trailing slash, e.g. /fsx/data")
+        return value
+
+    @property
+    def throughput_mb_s(self) -> float:
+        """Aggregate throughput the file system is provisioned for."""
+        return self.storage_capacity_gib / 1024 * self.throughput_per_tib
+
+
+class StorageSettings(_Strict):
+    data: FileSystemSettings
+    checkpoints: FileSystemSettings
+    logs: FileSystemSettings
+    # What training reads per GPU per second, for the planner's throughput check.
+    data_read_mb_s_per_gpu: float = Field(20.0, ge=0)
+
+    @model_validator(mode="after")
+    def _distinct_mounts(self) -> "StorageSettings":
+        mounts = [self.data.mount_dir, self.checkpoints.mount_dir, self.logs.mount_dir]
+        if len(set(mounts)) != len(mounts):
+            raise ValueError(f"mount_dir values must differ, got {mounts}")
+        return self
+
+    def file_systems(self) -> dict[str, FileSystemSettings]:
+        return {"data": self.data, "checkpoints": self.checkpoints, "logs": self.logs}
+
+
+class ModelPlan(_Strict):
+    name: str
+    nodes: int = Field(gt=0)
+    preset: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", value):
+            raise ValueError(f"{value!r} must be lowercase letters, digits and '-', starting with a letter (it names directories)")
+        return value
+
+
+class Settings(_Strict):
+    name: str
+    account: str
+    region: str
+    availability_zone: str
+    cluster_name: str
+    network: NetworkSettings = NetworkSettings()
+    head_node: HeadNodeSettings
+    gpu_queue: GpuQueueSettings
+    cpu_queue: CpuQueueSettings
+    storage: StorageSettings
+    models: list[ModelPlan] = Field(default_factory=list)
+    containers: bool = False  # install Pyxis/Enroot on the nodes
+    create_cluster: bool = False  # let `cdk deploy` create the cluster through ParallelCluster's custom resource
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not re.fullmatch(r"\d{12}", value):
+            raise ValueError(f"{value!r} is not an AWS account id; write the 12 digits in quotes, e.g. \"123456789012\"")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", value):
+            raise ValueError(f"{value!r} is not an AWS region name, e.g. ap-southeast-3")
+        return value
+
+    @field_validator("cluster_name")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,59}", value):
+            raise ValueError(f"{value!r} is not a valid ParallelCluster name: a letter, then letters, digits and '-', at most 60")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Settings":
+        if not (self.availability_zone.startswith(self.region) and len(self.availability_zone) == len(self.region) + 1):
+            raise ValueError(
+                f"availability_zone {self.availability_zone!r} is not in region {self.region!r}; "
+                f"use the zone of the capacity reservation, e.g. {self.region}a"
+            )
+        if self.gpu_queue.name == self.cpu_queue.name:
+            raise ValueError(f"gpu_queue.name and cpu_queue.name are both {self.gpu_queue.name!r}; give them different names")
+        names = [model.name for model in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"models: names must be unique, got {names}")
+        planned = sum(model.nodes for model in self.models)
+        if planned > self.gpu_queue.max_count:
+            raise ValueError(
+                f"models: the plan needs {planned} nodes but gpu_queue.max_count is {self.gpu_queue.max_count}; "
+                "give fewer nodes to some models or raise max_count"
+            )
+        return self
+
+    @property
+    def planned_nodes(self) -> int:
+        return sum(model.nodes for model in self.models)
+
+
+def available_environments(config_dir: Path = CONFIG_DIR) -> list[str]:
+    return sorted(path.stem for path in config_dir.glob("*.yaml"))
+
+
+def load_settings(env_name: str, config_dir: Path = CONFIG_DIR) -> Settings:
+    """Read ``<config_dir>/<env_name>.yaml`` into validated ``Settings`` or raise ``SettingsError``."""
+    path = config_dir / f"{env_name}.yaml"
+    if not path.is_file():
+        available = ", ".join(available_environments(config_dir)) or "none"
+        raise SettingsError(
+            f"no environment {env_name!r}: {path} does not exist. Available: {available}. "
+            f"Add a file {config_dir.name}/{env_name}.yaml to create one (copy dev.yaml)."
+        )
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path}: expected a mapping of settings at the top level")
+    if raw.get("name", env_name) != env_name:
+        raise SettingsError(f"{path}: name: {raw['name']!r} differs from the file name; set name: {env_name}")
+    try:
+        return Settings(**{**raw, "name": env_name})
+    except ValidationError as exc:
+        raise SettingsError(_describe(path, exc)) from None
+
+
+def _describe(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid settings"]
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            allowed = ", ".join(_allowed_keys(error["loc"][:-1]))
+            message = f"unknown key; remove it or fix the spelling (allowed here: {allowed})"
+        elif error["type"] == "missing":
+            message = "required; add it"
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the model found by following ``loc`` from ``Settings``."""
+    model: Any = Settings
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                model = candidate
+                break
+    return list(model.model_fields)
+
+
+def _parse_cidr(value: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 CIDR block, e.g. 10.0.0.0/16") from None
