@@ -1,0 +1,274 @@
+"""Training data loader over packed-token shards: deterministic, split by rank and worker, O(1) resume.
+
+Used by training like::
+
+    meta = read_dataset_meta(path)                       # DatasetError if missing or malformed
+    check_compatible(meta, seq_len=cfg.seq_len, vocab_size=cfg.vocab_size)
+    loader = TokenLoader(path, batch_size=micro_batch, seq_len=cfg.seq_len, rank=rank,
+                         world_size=world_size, num_workers=2, seed=cfg.seed, pin_memory=on_cuda)
+    loader.load_state_dict(checkpoint["data"])           # optional: resume
+    for batch in loader:                                 # endless: epoch after epoch, reshuffled
+        batch["input_ids"], batch["labels"]              # int64 [batch_size, seq_len]
+        ...
+        checkpoint["data"] = loader.state_dict()         # small dict, the same on every rank
+
+Order. Epoch ``e`` is a permutation of every sequence in the dataset: the shards are shuffled
+with ``(seed, e)``, and the sequences inside each shard with ``(seed, e, shard)``; the shuffled
+shards are laid end to end. Rank ``r`` of ``w`` takes the ``r``-th contiguous block of
+``total // w`` sequences of that permutation (so each rank reads mostly its own shards and all
+ranks get the same number of batches), and cuts it into ``batches_per_epoch`` batches; the few
+sequences left over change every epoch. Batch ``g`` of a rank (counted across epochs) is a pure
+function of ``(seed, rank, world_size, batch_size, g)``.
+
+Workers. DataLoader worker ``i`` of ``k`` produces batches ``start + i, start + i + k, ...``; the
+DataLoader hands batches out round-robin from its workers, so the rank sees them in order ``g``.
+Workers live for the whole run: the stream crosses epoch boundaries without restarting them.
+
+Resume. The state is the number of batches this rank has handed out (plus the settings that fix
+the order). Loading it positions the stream in O(1): nothing consumed is read again, and the
+following batches are exactly those an uninterrupted run would have produced, for any number
+of workers.
+
+Reading. A batch is read with one ``pread`` per sequence straight into the batch buffer (offsets
+come from the fixed shard layout, see ``shards``), then widened to int64 once. Memory does not grow
+with the dataset: one shard-order array per epoch and the in-shard permutations of the shards
+being read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .shards import (SUFFIX, TAR_BLOCK, DatasetError, DatasetMeta, check_compatible, fingerprint,
+                     read_dataset_meta, sequence_offset)
+
+__all__ = ["TokenLoader", "DatasetError", "DatasetMeta", "read_dataset_meta", "check_compatible"]
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+class EpochPlan:
+    """Maps (epoch, batch) of one rank to (shard, sequence) pairs. Cheap to pickle to workers."""
+
+    def __init__(self, counts: list[int], *, seed: int, rank: int, world_size: int,
+                 batch_size: int):
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.seed, self.rank, self.world_size, self.batch_size = seed, rank, world_size, batch_size
+        self.per_rank = int(self.counts.sum()) // world_size
+        self.batches_per_epoch = self.per_rank // batch_size
+        self._epoch = None
+        self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def _set_epoch(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.counts))
+            self._ends = np.cumsum(self.counts[self._order])
+            self._perms.clear()
+
+    def _in_shard(self, shard: int) -> np.ndarray:
+        perm = self._perms.get(shard)
+        if perm is None:
+            rng = np.random.default_rng([self.seed, self._epoch, shard, 1])
+            perm = self._perms[shard] = rng.permutation(int(self.counts[shard]))
+            while len(self._perms) > 4:  # a batch spans at most a few shards
+                self._perms.popitem(last=False)
+        return perm
+
+    def locate(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard indices and in-shard sequence indices of batch ``g`` of this rank."""
+        epoch, j = divmod(g, self.batches_per_epoch)
+        self._set_epoch(epoch)
+        first = self.rank * self.per_rank + j * self.batch_size
+        pos = np.arange(first, first + self.batch_size)
+        k = np.searchsorted(self._ends, pos, side="right")
+        shards = self._order[k]
+        within = pos - (self._ends[k] - self.counts[shards])
+        seqs = np.empty_like(within)
+        for s in np.unique(shards):
+            sel = shards == s
+            seqs[sel] = self._in_shard(int(s))[within[sel]]
+        return shards, seqs
+
+
+class ShardReader:
+    """Reads sequences from shard files with pread; checks each member's tar header once."""
+
+    def __init__(self, meta: DatasetMeta, files: list[str]):
+        self.root, self.files = meta.path, files
+        self.spm, self.sample_bytes = meta.sequences_per_member, meta.sample_bytes
+        self.suffix = SUFFIX[meta.dtype]
+        self._fds: OrderedDict[int, tuple[int, set]] = OrderedDict()
+
+    def _open(self, shard: int):
+        entry = self._fds.get(shard)
+        if entry is None:
+            fd = os.open(self.root / self.files[shard], os.O_RDONLY)
+            entry = self._fds[shard] = (fd, set())
+            while len(self._fds) > 8:
+                os.close(self._fds.popitem(last=False)[1][0])
+        else:
+            self._fds.move_to_end(shard)
+        return entry
+
+    def _check_member(self, shard: int, fd: int, member: int) -> None:
+        name = self.files[shard]
+        header = os.pread(fd, TAR_BLOCK, int(sequence_offset(member * self.spm, self.spm,
+                                                             self.sample_bytes)) - TAR_BLOCK)
+        want = f"{name.removesuffix('.tar')}/{member:06d}.tokens.{self.suffix}"
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        except tarfile.TarError as e:
+            raise DatasetError(f"shard {self.root / name}: member {member} has a corrupt tar "
+                               f"header ({e}); run `python -m data_pipeline.validate "
+                               f"{self.root}`") from None
+        if info.name != want:
+            raise DatasetError(f"shard {self.root / name}: member {member} is {info.name!r}, "
+                               f"expected {want!r} (corrupt or not built with this dataset.json)")
+
+    def read(self, shards: np.ndarray, seqs: np.ndarray, out: np.ndarray) -> None:
+        for i, (shard, seq) in enumerate(zip(shards.tolist(), seqs.tolist())):
+            fd, checked = self._open(shard)
+            member = seq // self.spm
+            if member not in checked:
+                self._check_member(shard, fd, member)
+                checked.add(member)
+            offset = int(sequence_offset(seq, self.spm, self.sample_bytes))
+            n = os.preadv(fd, [memoryview(out[i]).cast("B")], offset)
+            if n != self.sample_bytes:
+                raise DatasetError(f"shard {self.root / self.files[shard]}: short read at byte "
+                                   f"{offset} (truncated after the loader started?)")
+
+    def close(self) -> None:
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class _BatchStream(IterableDataset):
+    """Endless stream of this rank's batches from ``start``, split round-robin across workers."""
+
+    def __init__(self, meta: DatasetMeta, files: list[str], plan: EpochPlan, start: int):
+        self.meta, self.files, self.plan, self.start = meta, files, plan, start
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        reader = ShardReader(self.meta, self.files)
+        buf_shape = (self.plan.batch_size, self.meta.sample_tokens)
+        vocab = self.meta.vocab_size
+        try:
+            g = self.start + worker
+            while True:
+                shards, seqs = self.plan.locate(g)
+                tokens = np.empty(buf_shape, dtype=self.meta.np_dtype)
+                reader.read(shards, seqs, tokens)
+                top = int(tokens.max())
+                if top >= vocab:
+                    bad = sorted({self.files[s] for s, row in zip(shards, tokens) if row.max() >= vocab})
+                    raise DatasetError(f"token id {top} >= vocab_size {vocab} in shard(s) {bad} "
+                                       f"of {self.meta.path}: corrupt data")
+                yield {"input_ids": torch.from_numpy(tokens[:, :-1].astype(np.int64)),
+                       "labels": torch.from_numpy(tokens[:, 1:].astype(np.int64))}
+                g += workers
+        finally:
+            reader.close()
+
+
+class TokenLoader:
+    """Endless, deterministic, resumable loader of ``batch_size`` x ``seq_len`` token batches."""
+
+    def __init__(self, path, *, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
+                 num_workers: int = 2, seed: int = 0, pin_memory: bool = False,
+                 prefetch_factor: int = 4, vocab_size: int | None = None,
+                 skip_bad_shards: bool = False):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, world_size={world_size})")
+        if batch_size < 1 or num_workers < 0:
+            raise ValueError(f"batch_size must be >= 1 (got {batch_size}), num_workers >= 0 "
+                             f"(got {num_workers})")
+        self.meta = read_dataset_meta(path)
+        check_compatible(self.meta, seq_len=seq_len, vocab_size=vocab_size)
+        self.skipped_shards = self._check_shards(skip_bad_shards)
+        shards = [s for s in self.meta.shards if s.file not in self.skipped_shards]
+        self._files = [s.file for s in shards]
+        self.plan = EpochPlan([s.sequences for s in shards], seed=seed, rank=rank,
+                              world_size=world_size, batch_size=batch_size)
+        if self.plan.batches_per_epoch < 1:
+            raise DatasetError(f"dataset {self.meta.path} has {self.plan.counts.sum()} sequences, "
+                               f"fewer than world_size x batch_size = {world_size} x {batch_size}")
+        self.rank, self.world_size, self.batch_size, self.seed = rank, world_size, batch_size, seed
+        self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
+        self._fingerprint = fingerprint(shards)
+        self._next = 0  # batches handed out by this rank so far, across epochs
+
+    def _check_shards(self, skip: bool) -> list[str]:
+        """Cheap startup check (exists, size); full checks are `python -m data_pipeline.validate`."""
+        bad = {}
+        for s in self.meta.shards:
+            try:
+                size = (self.meta.path / s.file).stat().st_size
+            except FileNotFoundError:
+                bad[s.file] = "missing"
+                continue
+            if size != s.bytes:
+                bad[s.file] = f"{size} bytes, dataset.json says {s.bytes} (truncated or rewritten)"
+        if bad and not skip:
+            detail = "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:5])
+            raise DatasetError(f"{len(bad)} bad shard(s) in {self.meta.path}: {detail}. Run "
+                               f"`python -m data_pipeline.validate {self.meta.path}`, rebuild them, "
+                               f"or pass skip_bad_shards=True to train without them")
+        for name, why in bad.items():
+            log.warning("skipping shard %s: %s", name, why)
+        return sorted(bad)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.plan.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next batch."""
+        return self._next // self.plan.batches_per_epoch
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch_size * self.meta.seq_len
+
+    def __iter__(self):
+        stream = _BatchStream(self.meta, self._files, self.plan, self._next)
+        extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers else {}
+        loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers,
+                            pin_memory=self.pin_memory, **extra)
+        for batch in loader:
+            self._next += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "batches": self._next, "seed": self.seed,
+                "world_size": self.world_size, "batch_size": self.batch_size,
+                "seq_len": self.meta.seq_len, "dataset": self._fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after ``state["batches"]`` batches; refuse a state from a different setup."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r}, "
+                             f"expected {STATE_VERSION}")
+        mine = self.state_dict()
+        diff = [f"{k}: checkpoint {state.get(k)!r}, now {mine[k]!r}"
+                for k in ("seed", "world_size", "batch_size", "seq_len", "dataset")
+                if state.get(k) != mine[k]]
+        if diff:
+            raise ValueError("cannot resume the data loader, the data order would change: "
+                             + "; ".join(diff))
+        self._next = int(state["batches"])
+
