@@ -1,0 +1,317 @@
+"""Render the ParallelCluster v3 cluster config from settings and the ids of the stacks' resources.
+
+``render_cluster_config`` is pure: the same inputs give the same dict. The CDK stack calls it with
+CloudFormation tokens (resolved when the config is deployed to the assets bucket); tests and
+``python -m cluster_config render`` call it with ``ClusterResources.placeholders``, ids that have the
+real ids' shapes so ParallelCluster's schema checks them like real ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from cluster_config.settings import Settings
+
+PCLUSTER_VERSION = "3.16.1"  # the schema we validate against and the custom resource we deploy
+
+# Amazon Linux 2023: supported by ParallelCluster 3.16 (Amazon Linux 2 is gone from it), kernel 6.1
+# with current EFA and Lustre clients, and the OS ParallelCluster's own AMIs and examples lead with.
+OS = "alinux2023"
+
+# Where the stack puts things in the assets bucket; node scripts and docs use the same keys.
+NODE_SCRIPTS_PREFIX = "node_scripts/"
+JOBS_PREFIX = "jobs/"
+CONFIG_PREFIX = "cluster/"
+NODE_SETUP_SCRIPT = "node_setup.sh"  # OnNodeStart
+DIRECTORY_SETUP_SCRIPT = "directory_setup.sh"  # OnNodeConfigured (and OnNodeUpdated on the head node)
+
+# Shared EBS volume the head node exports over NFS: the jobs bundle and the jobs' Python
+# environment, built once by the head node (jobs/env.sh defaults JOBS_VENV to <this>/venv).
+JOBS_HOME = "/opt/llm-jobs"
+JOBS_HOME_SIZE_GIB = 100
+# Instance-store NVMe: ParallelCluster stripes all of a node's instance-store disks into one
+# volume (LVM, one stripe per disk: RAID 0) and mounts it here; the node scripts keep a data cache on it.
+LOCAL_CACHE_DIR = "/local_cache"
+
+SCALEDOWN_IDLE_MINUTES = 15  # idle dynamic nodes go after this; a job queued meanwhile reuses them warm
+LOG_RETENTION_DAYS = 90
+FILE_SYSTEM_KEYS = ("data", "checkpoints", "logs")
+
+
+class RenderError(ValueError):
+    """Settings or resource ids that cannot make a valid cluster config; the message says the fix."""
+
+
+@dataclass(frozen=True)
+class ClusterResources:
+    """Ids of what the network and storage stacks created (tokens in the stack, placeholders elsewhere)."""
+
+    head_node_subnet_id: str
+    compute_subnet_id: str
+    head_node_security_group_id: str
+    compute_security_group_id: str
+    file_system_ids: Mapping[str, str]  # keys: data, checkpoints, logs
+    data_bucket: str
+    checkpoint_bucket: str
+    assets_bucket: str
+    placement_group_name: Optional[str] = None
+    partition: str = "aws"
+
+    @classmethod
+    def placeholders(cls, settings: Settings) -> "ClusterResources":
+        """Ids shaped like real ones (subnet-0…, sg-0…, fs-0…), stable per environment."""
+
+        def fake(prefix: str, name: str) -> str:
+            digest = hashlib.sha256(f"{settings.name}/{name}".encode()).hexdigest()
+            return f"{prefix}-0{digest[:16]}"
+
+        placement_group = f"{settings.cluster_name}-gpu" if settings.gpu_queue.placement_group else None
+        return cls(
+            head_node_subnet_id=fake("subnet", "head-node"),
+            compute_subnet_id=fake("subnet", "compute"),
+            head_node_security_group_id=fake("sg", "head-node"),
+            compute_security_group_id=fake("sg", "compute"),
+            file_system_ids={key: fake("fs", key) for key in FILE_SYSTEM_KEYS},
+            data_bucket=f"{settings.cluster_name}-data-{settings.account}",
+            checkpoint_bucket=f"{settings.cluster_name}-checkpoints-{settings.account}",
+            assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
+            placement_group_name=placement_group,
+        )
+
+
+def render_cluster_config(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    """The ParallelCluster config (as a dict) for ``settings`` on ``resources``."""
+    missing = [key for key in FILE_SYSTEM_KEYS if key not in resources.file_system_ids]
+    if missing:
+        raise RenderError(f"file_system_ids lacks {missing}; pass one FSx file system id per key {list(FILE_SYSTEM_KEYS)}")
+    if settings.gpu_queue.placement_group and not resources.placement_group_name:
+        raise RenderError(
+            "gpu_queue.placement_group is true but no placement group was created; "
+            "the network stack must pass its placement group, or set placement_group: false"
+        )
+    return {
+        "Region": settings.region,
+        "Image": {"Os": OS},
+        "Imds": {"ImdsSupport": "v2.0"},  # IMDSv2 only, on every node
+        "HeadNode": _head_node(settings, resources),
+        "Scheduling": _scheduling(settings, resources),
+        "SharedStorage": _shared_storage(settings, resources),
+        "Monitoring": {
+            "DetailedMonitoring": True,
+            "Logs": {"CloudWatch": {"Enabled": True, "RetentionInDays": LOG_RETENTION_DAYS, "DeletionPolicy": "Retain"}},
+            "Dashboards": {"CloudWatch": {"Enabled": True}},
+            "Alarms": {"Enabled": True},
+        },
+        "Tags": [{"Key": key, "Value": value} for key, value in sorted(settings.tags.items())],
+    }
+
+
+def to_yaml(config: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False, width=120)
+
+
+def script_uri(resources: ClusterResources, script: str) -> str:
+    return f"s3://{resources.assets_bucket}/{NODE_SCRIPTS_PREFIX}{script}"
+
+
+def config_key(settings: Settings) -> str:
+    return f"{CONFIG_PREFIX}{settings.cluster_name}.yaml"
+
+
+def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    return {
+        "InstanceType": settings.head_node.instance_type,
+        "Networking": {
+            "SubnetId": resources.head_node_subnet_id,
+            "AdditionalSecurityGroups": [resources.head_node_security_group_id],
+        },
+        # No key pair: administrators use SSM Session Manager. SSH (if any) only from the allow-list,
+        # else only from inside the VPC, because ParallelCluster's default is 0.0.0.0/0.
+        "Ssh": {"AllowedIps": _ssh_allowed_ips(settings)},
+        "LocalStorage": {
+            "RootVolume": {"Size": settings.head_node.root_volume_gib, "VolumeType": "gp3", "Encrypted": True},
+        },
+        "Imds": {"Secured": True},  # instance credentials for root and the cluster's daemons only
+        "Iam": {
+            "AdditionalIamPolicies": [_ssm_policy(resources)],
+            "S3Access": [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}],
+        },
+        "CustomActions": {
+            "OnNodeStart": _node_setup_action(settings, resources),
+            "OnNodeConfigured": _directory_setup_action(settings, resources),
+            # `pcluster update-cluster` re-runs it: a redeployed jobs bundle reaches the cluster.
+            "OnNodeUpdated": _directory_setup_action(settings, resources),
+        },
+    }
+
+
+def _scheduling(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    return {
+        "Scheduler": "slurm",
+        # A multi-node job launches all its nodes or none, so a partial launch never holds reserved
+        # capacity idle while it waits for the rest.
+        "ScalingStrategy": "all-or-nothing",
+        "SlurmSettings": {
+            "ScaledownIdletime": SCALEDOWN_IDLE_MINUTES,
+            "EnableMemoryBasedScheduling": True,
+            "QueueUpdateStrategy": "DRAIN",  # updates wait for running jobs instead of killing them
+        },
+        "SlurmQueues": [_gpu_queue(settings, resources), _cpu_queue(settings, resources)],
+    }
+
+
+def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    queue = settings.gpu_queue
+    compute_resource: dict[str, Any] = {
+        "Name": _resource_name(queue.instance_type),
+        "InstanceType": queue.instance_type,
+        "MinCount": queue.min_count,
+        "MaxCount": queue.max_count,
+        "DisableSimultaneousMultithreading": True,
+        "Efa": {"Enabled": queue.efa.enabled, "GdrSupport": queue.efa.gdr_support},
+    }
+    if queue.capacity_reservation:
+        compute_resource["CapacityReservationTarget"] = {"CapacityReservationId": queue.capacity_reservation.id}
+    return {
+        "Name": queue.name,
+        "CapacityType": "ONDEMAND",
+        "JobExclusiveAllocation": True,  # training jobs own whole nodes (GPUs, EFA, NVMe cache)
+        "ComputeResources": [compute_resource],
+        "ComputeSettings": {
+            "LocalStorage": {
+                "RootVolume": {
+                    "Size": queue.root_volume.size_gib,
+                    "VolumeType": "gp3",
+                    "Iops": queue.root_volume.iops,
+                    "Throughput": queue.root_volume.throughput_mib_s,
+                    "Encrypted": True,
+                },
+                "EphemeralVolume": {"MountDir": LOCAL_CACHE_DIR},
+            },
+        },
+        "Networking": {
+            "SubnetIds": [resources.compute_subnet_id],
+            "AdditionalSecurityGroups": [resources.compute_security_group_id],
+            "PlacementGroup": _placement_group(settings, resources),
+        },
+        "HealthChecks": {"Gpu": {"Enabled": True}},
+        "Iam": {
+            "AdditionalIamPolicies": [_ssm_policy(resources)],
+            "S3Access": [
+                {"BucketName": resources.data_bucket, "EnableWriteAccess": False},
+                {"BucketName": resources.checkpoint_bucket, "EnableWriteAccess": True},
+                {"BucketName": resources.assets_bucket, "EnableWriteAccess": False},
+            ],
+        },
+        "CustomActions": {
+            "OnNodeStart": _node_setup_action(settings, resources),
+            "OnNodeConfigured": _directory_setup_action(settings, resources),
+        },
+    }
+
+
+def _cpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    queue = settings.cpu_queue
+    return {
+        "Name": queue.name,
+        "CapacityType": "ONDEMAND",
+        "ComputeResources": [
+            {
+                "Name": _resource_name(queue.instance_type),
+                "InstanceType": queue.instance_type,
+                "MinCount": queue.min_count,
+                "MaxCount": queue.max_count,
+            }
+        ],
+        "ComputeSettings": {"LocalStorage": {"RootVolume": {"VolumeType": "gp3", "Encrypted": True}}},
+        "Networking": {
+            "SubnetIds": [resources.compute_subnet_id],
+            "AdditionalSecurityGroups": [resources.compute_security_group_id],
+        },
+        "Iam": {
+            "AdditionalIamPolicies": [_ssm_policy(resources)],
+            # Preprocessing turns raw data into shards: it writes the data bucket, never checkpoints.
+            "S3Access": [
+                {"BucketName": resources.data_bucket, "EnableWriteAccess": True},
+                {"BucketName": resources.assets_bucket, "EnableWriteAccess": False},
+            ],
+        },
+        "CustomActions": {
+            "OnNodeStart": _node_setup_action(settings, resources),
+            "OnNodeConfigured": _directory_setup_action(settings, resources),
+        },
+    }
+
+
+def _shared_storage(settings: Settings, resources: ClusterResources) -> list[dict[str, Any]]:
+    file_systems = settings.storage.file_systems()
+    storage: list[dict[str, Any]] = [
+        {
+            "Name": f"fsx-{key}",
+            "StorageType": "FsxLustre",
+            "MountDir": file_systems[key].mount_dir,
+            # An existing file system: FileSystemId is the only key ParallelCluster allows then.
+            "FsxLustreSettings": {"FileSystemId": resources.file_system_ids[key]},
+        }
+        for key in FILE_SYSTEM_KEYS
+    ]
+    storage.append(
+        {
+            "Name": "llm-jobs",
+            "StorageType": "Ebs",
+            "MountDir": JOBS_HOME,
+            "EbsSettings": {"VolumeType": "gp3", "Size": JOBS_HOME_SIZE_GIB, "Encrypted": True, "DeletionPolicy": "Delete"},
+        }
+    )
+    return storage
+
+
+def _placement_group(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    # Stated either way: with EFA, ParallelCluster wants an explicit choice.
+    if not settings.gpu_queue.placement_group:
+        return {"Enabled": False}
+    return {"Enabled": True, "Name": resources.placement_group_name}
+
+
+def _node_setup_action(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    action: dict[str, Any] = {"Script": script_uri(resources, NODE_SETUP_SCRIPT)}
+    if settings.containers:
+        action["Args"] = ["--containers"]
+    return action
+
+
+def _directory_setup_action(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    file_systems = settings.storage.file_systems()
+    return {
+        "Script": script_uri(resources, DIRECTORY_SETUP_SCRIPT),
+        "Args": [
+            "--data", file_systems["data"].mount_dir,
+            "--checkpoints", file_systems["checkpoints"].mount_dir,
+            "--logs", file_systems["logs"].mount_dir,
+            "--jobs-uri", f"s3://{resources.assets_bucket}/{JOBS_PREFIX}",
+            *[model.name for model in settings.models],
+        ],
+    }
+
+
+def _ssm_policy(resources: ClusterResources) -> dict[str, str]:
+    return {"Policy": f"arn:{resources.partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"}
+
+
+def _ssh_allowed_ips(settings: Settings) -> str:
+    cidrs = settings.network.ssh_allowed_cidrs
+    if len(cidrs) > 1:
+        raise RenderError(
+            f"network.ssh_allowed_cidrs has {len(cidrs)} entries but ParallelCluster's HeadNode.Ssh.AllowedIps "
+            "takes one CIDR; list one range (or none, to use SSM Session Manager only)"
+        )
+    return cidrs[0] if cidrs else settings.network.vpc_cidr
+
+
+def _resource_name(instance_type: str) -> str:
+    """ParallelCluster compute resource names allow lowercase letters, digits and '-'."""
+    return instance_type.replace(".", "-")
