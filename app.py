@@ -1,0 +1,23 @@
+#!/usr/bin/env python3
+"""CDK entry point: `npx cdk synth -c env=<name>` synthesizes cluster_config/<name>.yaml's stacks."""
+
+import sys
+
+from cluster_config.settings import SettingsError
+from stacks.app import add_stacks, new_app, settings_for
+
+
+def main() -> int:
+    app = new_app()
+    try:
+        settings = settings_for(app.node.try_get_context("env"))
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    add_stacks(app, settings)
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The CDK stacks: network, storage and cluster, assembled by ``stacks.app``."""

@@ -1,0 +1,61 @@
+"""Builds the whole CDK app for one environment: used by ``app.py`` and by the tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import aws_cdk as cdk
+
+from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, available_environments, load_settings
+from stacks import nag
+from stacks.cluster_stack import ClusterStack
+from stacks.network_stack import NetworkStack
+from stacks.storage_stack import StorageStack
+
+CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
+
+
+@dataclass(frozen=True)
+class CdkApp:
+    app: cdk.App
+    settings: Settings
+    stacks: dict[str, cdk.Stack]  # "network", "storage" (and "cluster")
+
+
+def new_app(outdir: Optional[str] = None) -> cdk.App:
+    """An App with the feature flags of ``cdk.json``, so tests synthesize what the CLI does."""
+    context = json.loads(CDK_JSON.read_text())["context"]
+    return cdk.App(outdir=outdir, context=context)
+
+
+def settings_for(env_name: Optional[str], config_dir: Path = CONFIG_DIR) -> Settings:
+    if not env_name:
+        available = ", ".join(available_environments(config_dir)) or "none"
+        raise SettingsError(f"no environment chosen: pass -c env=NAME (available: {available})")
+    return load_settings(env_name, config_dir)
+
+
+def add_stacks(app: cdk.App, settings: Settings) -> dict[str, cdk.Stack]:
+    """Add the environment's stacks to ``app``, checked by cdk-nag. Stack names: llm-<env>-<part>."""
+    prefix = f"llm-{settings.name}"
+    env = cdk.Environment(account=settings.account, region=settings.region)
+    tags = {**settings.tags, "environment": settings.name}
+
+    network = NetworkStack(app, f"{prefix}-network", settings=settings, env=env, tags=tags)
+    storage = StorageStack(app, f"{prefix}-storage", settings=settings, network=network, env=env, tags=tags)
+    cluster = ClusterStack(app, f"{prefix}-cluster", settings=settings, network=network, storage=storage, env=env, tags=tags)
+
+    nag.add_checks(app)
+    nag.acknowledge_network(network)
+    nag.acknowledge_storage(storage)
+    return {"network": network, "storage": storage, "cluster": cluster}
+
+
+def build_app(env_name: str, *, config_dir: Path = CONFIG_DIR, outdir: Optional[str] = None) -> CdkApp:
+    """Load ``env_name``'s settings and build its app (not yet synthesized)."""
+    settings = settings_for(env_name, config_dir)
+    app = new_app(outdir)
+    return CdkApp(app=app, settings=settings, stacks=add_stacks(app, settings))

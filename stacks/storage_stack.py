@@ -1,0 +1,154 @@
+"""S3 buckets and the three FSx for Lustre file systems linked to them."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_fsx as fsx, aws_s3 as s3
+from constructs import Construct
+
+from cluster_config.settings import FileSystemSettings, Settings
+from stacks.network_stack import NetworkStack
+
+# Lustre 2.15 is the client version in ParallelCluster's current AMIs.
+LUSTRE_VERSION = "2.15"
+ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+class StorageStack(cdk.Stack):
+    """Durable data in S3, fast working copies on FSx for Lustre in the compute subnet.
+
+    - data: lazily loads the training bucket (metadata imported, file contents fetched from S3
+      on first read) and follows changes made in the bucket.
+    - checkpoints: exports every new, changed or deleted file to the versioned checkpoint
+      bucket, and imports what already is there, so a new cluster resumes from the last run.
+    - logs: plain scratch space for job logs and profiles, no bucket.
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, settings: Settings, network: NetworkStack, env: cdk.Environment, **kwargs
+    ) -> None:
+        super().__init__(scope, construct_id, env=env, **kwargs)
+
+        self.access_log_bucket = self._bucket(
+            "AccessLogBucket",
+            # Audit trail of the retained buckets, so it is retained with them.
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            server_access_logs=False,
+        )
+        self.data_bucket = self._bucket("DataBucket", removal_policy=cdk.RemovalPolicy.RETAIN)
+        self.checkpoint_bucket = self._bucket(
+            "CheckpointBucket",
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            versioned=True,
+            # Deleting a checkpoint on FSx deletes it in S3 too; the old version stays recoverable
+            # for 30 days, then stops costing money.
+            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30))],
+        )
+        # Scripts and configs, re-uploaded by every deploy: nothing to keep.
+        self.assets_bucket = self._bucket(
+            "AssetsBucket", removal_policy=cdk.RemovalPolicy.DESTROY, auto_delete_objects=True
+        )
+
+        storage = settings.storage
+        self.file_systems: dict[str, fsx.CfnFileSystem] = {
+            name: self._file_system(name, fs_settings, settings, network)
+            for name, fs_settings in storage.file_systems().items()
+        }
+        self._link(
+            "DataLink",
+            self.file_systems["data"],
+            self.data_bucket,
+            auto_import=ALL_EVENTS,
+        )
+        self._link(
+            "CheckpointLink",
+            self.file_systems["checkpoints"],
+            self.checkpoint_bucket,
+            auto_import=["NEW", "CHANGED"],
+            auto_export=ALL_EVENTS,
+        )
+
+        for name, file_system in self.file_systems.items():
+            title = name.capitalize()
+            cdk.CfnOutput(self, f"{title}FileSystemId", value=file_system.ref)
+            cdk.CfnOutput(self, f"{title}MountName", value=file_system.attr_lustre_mount_name)
+        for title, bucket in (
+            ("Data", self.data_bucket),
+            ("Checkpoint", self.checkpoint_bucket),
+            ("Assets", self.assets_bucket),
+            ("AccessLog", self.access_log_bucket),
+        ):
+            cdk.CfnOutput(self, f"{title}BucketName", value=bucket.bucket_name)
+
+    def _bucket(
+        self,
+        construct_id: str,
+        *,
+        removal_policy: cdk.RemovalPolicy,
+        server_access_logs: bool = True,
+        extra_rules: list[s3.LifecycleRule] = (),
+        **kwargs,
+    ) -> s3.Bucket:
+        return s3.Bucket(
+            self,
+            construct_id,
+            # SSE-S3: FSx reads and writes linked buckets without extra key grants.
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_log_bucket if server_access_logs else None,
+            server_access_logs_prefix=f"{construct_id}/" if server_access_logs else None,
+            lifecycle_rules=[s3.LifecycleRule(abort_incomplete_multipart_upload_after=cdk.Duration.days(7)), *extra_rules],
+            removal_policy=removal_policy,
+            **kwargs,
+        )
+
+    def _file_system(
+        self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack
+    ) -> fsx.CfnFileSystem:
+        lustre = fsx.CfnFileSystem.LustreConfigurationProperty(
+            deployment_type="PERSISTENT_2",
+            per_unit_storage_throughput=fs.throughput_per_tib,
+            data_compression_type=fs.data_compression,
+        )
+        file_system = fsx.CfnFileSystem(
+            self,
+            f"{name.capitalize()}FileSystem",
+            file_system_type="LUSTRE",
+            file_system_type_version=LUSTRE_VERSION,
+            storage_type="SSD",
+            storage_capacity=fs.storage_capacity_gib,
+            subnet_ids=[network.compute_subnet.subnet_id],
+            security_group_ids=[network.fsx_sg.security_group_id],
+            lustre_configuration=lustre,
+            tags=[cdk.CfnTag(key="Name", value=f"{settings.cluster_name}-{name}")],
+        )
+        return file_system
+
+    def _link(
+        self,
+        construct_id: str,
+        file_system: fsx.CfnFileSystem,
+        bucket: s3.Bucket,
+        *,
+        auto_import: list[str],
+        auto_export: list[str] | None = None,
+    ) -> fsx.CfnDataRepositoryAssociation:
+        """Link the whole file system to the whole bucket."""
+        s3_config = fsx.CfnDataRepositoryAssociation.S3Property(
+            auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(events=auto_import),
+            auto_export_policy=(
+                fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=auto_export) if auto_export else None
+            ),
+        )
+        return fsx.CfnDataRepositoryAssociation(
+            self,
+            construct_id,
+            file_system_id=file_system.ref,
+            file_system_path="/",
+            data_repository_path=f"s3://{bucket.bucket_name}",
+            # List what the bucket already holds when the link is created.
+            batch_import_meta_data_on_create=True,
+            s3=s3_config,
+        )
