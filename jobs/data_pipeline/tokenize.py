@@ -64,6 +64,7 @@ class PackSettings:
     member_bytes: int = 1 << 20
     batch_bytes: int = 4 << 20
     text_field: str = "text"
+    log_every: float = 30.0  # seconds between progress lines when not on a terminal
 
 
 def list_inputs(input_dir) -> list[Path]:
@@ -80,21 +81,26 @@ def list_inputs(input_dir) -> list[Path]:
 
 
 def _read_batches(path: Path, start: int, batch_bytes: int, jsonl: bool, field: str, stats: dict):
-    """Yield (documents, end_offset) for batches of whole lines from byte ``start``."""
+    """Yield (documents, end_offset) for batches of whole lines from byte ``start``.
+
+    A batch is the whole lines within ``batch_bytes`` from its start (or one longer line), so
+    batch (and shard) boundaries depend only on the start offset: a resumed run cuts the same.
+    """
     with open(path, "rb") as f:
-        f.seek(start)
-        offset, carry, line_no = start, b"", 0
+        offset, line_no = start, 0
         while True:
-            chunk = f.read(batch_bytes)
-            data = carry + chunk
-            if not chunk:
-                body, carry = data, b""
-            else:
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    carry = data
-                    continue
-                body, carry = data[:cut + 1], data[cut + 1:]
+            f.seek(offset)
+            data = f.read(batch_bytes)
+            cut = data.rfind(b"\n")
+            while cut < 0:
+                more = f.read(batch_bytes)
+                if not more:
+                    cut = len(data) - 1  # last line without a newline
+                    break
+                cut = more.find(b"\n")
+                cut = cut + len(data) if cut >= 0 else -1
+                data += more
+            body = data[:cut + 1]
             if not body:
                 return
             try:
@@ -110,9 +116,10 @@ def _read_batches(path: Path, start: int, batch_bytes: int, jsonl: bool, field: 
                         try:
                             docs.append(json.loads(line)[field])
                         except (ValueError, KeyError, TypeError) as e:
-                            raise TokenizeError(f"{path}: line {line_no + i + 1} (after byte "
-                                                f"{offset}) is not a JSON object with a "
-                                                f"{field!r} string ({e})") from None
+                            where = f" counting from byte {start}" if start else ""
+                            raise TokenizeError(f"{path}: line {line_no + i + 1}{where} is not "
+                                                f"a JSON object with a {field!r} string "
+                                                f"({e})") from None
             else:
                 docs = [ln.rstrip("\r") for ln in lines]
             kept = [d for d in docs if d.strip()]
@@ -217,7 +224,7 @@ def tokenize_file(src, tok: LoadedTokenizer, out_dir, settings: PackSettings) ->
     size = src.stat().st_size
     if size == 0:
         raise TokenizeError(f"{src} is empty")
-    progress = _Progress(size, offset, src.name)
+    progress = _Progress(size, offset, src.name, settings.log_every)
     buffer, buffered, shard_start = [], 0, offset
 
     def flush(end: int) -> None:
@@ -347,6 +354,8 @@ def main(argv=None) -> int:
     run.add_argument("--member-kb", type=float, default=1024, help="bytes per tar member (KiB)")
     run.add_argument("--batch-mb", type=float, default=4, help="text per tokenizer call (MiB)")
     run.add_argument("--text-field", default="text", help="JSONL field holding the document")
+    run.add_argument("--log-every", type=float, default=30,
+                     help="seconds between progress lines in logs (no terminal)")
     fin = sub.add_parser("finalize", help="write dataset.json from the finished sources")
     fin.add_argument("out")
     fin.add_argument("--input-dir", help="require every file of this folder to be done")
@@ -363,7 +372,8 @@ def main(argv=None) -> int:
         tok = load_tokenizer(a.tokenizer, a.eos_token)
         settings = PackSettings(seq_len=a.seq_len, shard_bytes=int(a.shard_mb * 2**20),
                                 member_bytes=int(a.member_kb * 2**10),
-                                batch_bytes=int(a.batch_mb * 2**20), text_field=a.text_field)
+                                batch_bytes=int(a.batch_mb * 2**20), text_field=a.text_field,
+                                log_every=a.log_every)
         log.info("tokenizer %s (vocab %d, eos %d), seq_len %d, %s threads", tok.name,
                  tok.vocab_size, tok.eos_id, a.seq_len, os.environ["RAYON_NUM_THREADS"])
         for f in files if task is None else [files[task]]:
