@@ -39,8 +39,9 @@ class NetworkSettings(_Strict):
     @classmethod
     def _vpc_cidr(cls, value: str) -> str:
         network = _parse_cidr(value)
-        if network.prefixlen > 20:
-            raise ValueError(f"{value} is too small for the cluster's subnets; use a /16 to /20 block, e.g. 10.0.0.0/16")
+        # AWS accepts /16 to /28; the cluster's subnets need at least a /20.
+        if not 16 <= network.prefixlen <= 20:
+            raise ValueError(f"{value} is not a usable VPC block; use a /16 to /20 block, e.g. 10.0.0.0/16")
         return value
 
     @field_validator("ssh_allowed_cidrs")
@@ -101,8 +102,7 @@ class GpuQueueSettings(_Strict):
 
     @model_validator(mode="after")
     def _counts(self) -> "GpuQueueSettings":
-        if self.min_count > self.max_count:
-            raise ValueError(f"min_count {self.min_count} is above max_count {self.max_count}; lower min_count")
+        _check_counts(self.min_count, self.max_count)
         reservation = self.capacity_reservation
         if reservation and self.max_count > reservation.instance_count:
             raise ValueError(
@@ -118,6 +118,16 @@ class CpuQueueSettings(_Strict):
     min_count: int = Field(0, ge=0)
     max_count: int = Field(gt=0)
 
+    @model_validator(mode="after")
+    def _counts(self) -> "CpuQueueSettings":
+        _check_counts(self.min_count, self.max_count)
+        return self
+
+
+def _check_counts(min_count: int, max_count: int) -> None:
+    if min_count > max_count:
+        raise ValueError(f"min_count {min_count} is above max_count {max_count}; lower min_count")
+
 
 class FileSystemSettings(_Strict):
     storage_capacity_gib: int
@@ -129,10 +139,12 @@ class FileSystemSettings(_Strict):
     @classmethod
     def _capacity(cls, value: int) -> int:
         if value not in (1200, 2400) and (value <= 0 or value % 2400):
-            below = max(2400, value // 2400 * 2400)
+            above = (value // 2400 + 1) * 2400 if value > 1200 else 1200
+            below = 1200 if above <= 2400 else above - 2400
+            nearest = f"{below} or {above}" if below != above else f"{above}"
             raise ValueError(
                 f"{value} GiB is not a valid PERSISTENT_2 size; use 1200, 2400 or a multiple of 2400 "
-                f"(nearest: {below} or {below + 2400})"
+                f"(nearest: {nearest})"
             )
         return value
 
