@@ -1,0 +1,185 @@
+"""TokenLoader: order, split by rank and worker, exact O(1) resume, bad data."""
+
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline import loader as loader_mod
+from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
+from dp_helpers import SEQ_LEN, run_module
+
+
+def all_sequences(meta):
+    """Every sequence of the dataset as a set of tuples, read without the loader."""
+    out = []
+    for s in meta.shards:
+        raw = (meta.path / s.file).read_bytes()
+        for m in range(-(-s.sequences // meta.sequences_per_member)):
+            n = min(meta.sequences_per_member, s.sequences - m * meta.sequences_per_member)
+            stride = 512 + -(-meta.sequences_per_member * meta.sample_bytes // 512) * 512
+            start = m * stride + 512
+            out += [tuple(r) for r in np.frombuffer(raw[start:start + n * meta.sample_bytes],
+                                                    np.uint16).reshape(n, -1).tolist()]
+    return out
+
+
+def rows(batches):
+    """Each sample of the batches as the full seq_len + 1 token tuple."""
+    return [tuple(i) + (l[-1],) for b in batches
+            for i, l in zip(b["input_ids"].tolist(), b["labels"].tolist())]
+
+
+def take(loader, n):
+    return list(itertools.islice(iter(loader), n))
+
+
+def test_batches_are_int64_inputs_and_shifted_labels(dp_dataset):
+    loader = TokenLoader(dp_dataset.path, batch_size=3, seq_len=SEQ_LEN, num_workers=0)
+    batch = take(loader, 1)[0]
+    assert set(batch) == {"input_ids", "labels"}
+    assert batch["input_ids"].shape == batch["labels"].shape == (3, SEQ_LEN)
+    assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int64
+    assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+    assert (batch["input_ids"] == dp_dataset.eos_id).any()  # packed documents, no padding
+
+
+def test_ranks_split_an_epoch_without_overlap(dp_dataset):
+    world, bs = 3, 4
+    every = all_sequences(dp_dataset)
+    assert len(set(every)) == len(every)  # the sample corpus has no duplicate sequences
+    seen = []
+    for rank in range(world):
+        loader = TokenLoader(dp_dataset.path, batch_size=bs, seq_len=SEQ_LEN, rank=rank,
+                             world_size=world, num_workers=2, seed=7)
+        seen += rows(take(loader, loader.batches_per_epoch))
+    assert len(seen) == len(set(seen)) == world * loader.batches_per_epoch * bs
+    assert set(seen) <= set(every)
+    assert len(every) - len(seen) < world * bs + world  # only the per-epoch remainder is left
+
+
+def test_each_epoch_is_reshuffled_and_seeded(dp_dataset):
+    def epoch_rows(seed, epoch):
+        loader = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, num_workers=0,
+                             seed=seed)
+        return rows(take(loader, loader.batches_per_epoch * (epoch + 1))[-loader.batches_per_epoch:])
+
+    e0, e1 = epoch_rows(1, 0), epoch_rows(1, 1)
+    assert e0 != e1 and len(set(e0) & set(e1)) > 0.9 * len(e0)
+    assert epoch_rows(1, 0) == e0  # same seed, same order
+    assert epoch_rows(2, 0) != e0
+
+
+def test_rank_order_does_not_depend_on_worker_count(dp_dataset):
+    kw = dict(batch_size=2, seq_len=SEQ_LEN, rank=1, world_size=2, seed=3)
+    ref = rows(take(TokenLoader(dp_dataset.path, num_workers=0, **kw), 25))
+    assert rows(take(TokenLoader(dp_dataset.path, num_workers=3, **kw), 25)) == ref
+
+
+@pytest.mark.parametrize("workers_before,workers_after", [(2, 2), (2, 3), (0, 2)])
+def test_resume_continues_exactly_across_epochs_for_every_rank(dp_dataset, workers_before,
+                                                                workers_after):
+    world, bs = 2, 3
+    for rank in range(world):
+        kw = dict(batch_size=bs, seq_len=SEQ_LEN, rank=rank, world_size=world, seed=11)
+        first = TokenLoader(dp_dataset.path, num_workers=workers_before, **kw)
+        per_epoch = first.batches_per_epoch
+        total, stop = per_epoch + 10, per_epoch - 5  # the restart falls before an epoch boundary
+        uninterrupted = rows(take(TokenLoader(dp_dataset.path, num_workers=workers_before, **kw),
+                                  total))
+        before = rows(take(first, stop))
+        state = json.loads(json.dumps(first.state_dict()))  # goes through a checkpoint
+        resumed = TokenLoader(dp_dataset.path, num_workers=workers_after, **kw)
+        resumed.load_state_dict(state)
+        after = rows(take(resumed, total - stop))
+        assert before + after == uninterrupted
+        assert resumed.epoch == 1 and resumed.state_dict()["batches"] == total
+
+
+def test_resume_reads_only_the_batches_it_delivers(dp_dataset, monkeypatch):
+    kw = dict(batch_size=4, seq_len=SEQ_LEN, num_workers=0, seed=5)
+    first = TokenLoader(dp_dataset.path, **kw)
+    take(first, 30)
+    resumed = TokenLoader(dp_dataset.path, **kw)
+    resumed.load_state_dict(first.state_dict())
+    reads = []
+    real = os.preadv
+    monkeypatch.setattr(loader_mod.os, "preadv", lambda fd, bufs, off: reads.append(off) or real(fd, bufs, off))
+    take(resumed, 2)
+    assert len(reads) == 2 * 4  # one read per delivered sequence, nothing replayed
+
+
+def test_state_from_another_setup_is_refused(dp_dataset):
+    a = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, world_size=2, num_workers=0)
+    b = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, world_size=4, num_workers=0)
+    with pytest.raises(ValueError, match="world_size: checkpoint 2, now 4"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_mismatched_training_config_is_refused_with_both_values(dp_dataset):
+    meta = read_dataset_meta(dp_dataset.path)
+    with pytest.raises(DatasetError, match="seq_len: dataset has 64, training config has 128"):
+        check_compatible(meta, seq_len=128)
+    with pytest.raises(DatasetError, match="dtype: dataset stores uint16, training config expects uint32"):
+        check_compatible(meta, seq_len=64, dtype="uint32")
+    with pytest.raises(DatasetError, match="vocab_size: dataset tokenizer has 512 ids, model has 256"):
+        check_compatible(meta, seq_len=64, vocab_size=256)
+    check_compatible(meta, seq_len=64, vocab_size=1024, dtype="uint16")
+    with pytest.raises(DatasetError, match="training config has 32"):
+        TokenLoader(dp_dataset.path, batch_size=2, seq_len=32)
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(DatasetError, match=f"no dataset.json in {tmp_path}.*preprocess.sh"):
+        TokenLoader(tmp_path, batch_size=2, seq_len=SEQ_LEN)
+
+
+def test_truncated_shard_is_named_or_skipped_and_counted(dp_copy):
+    meta = read_dataset_meta(dp_copy)
+    victim = meta.shards[1]
+    with open(dp_copy / victim.file, "r+b") as f:
+        f.truncate(victim.bytes // 2)
+    with pytest.raises(DatasetError, match=f"1 bad shard.*{victim.file}: .*truncated.*skip_bad_shards"):
+        TokenLoader(dp_copy, batch_size=2, seq_len=SEQ_LEN)
+    loader = TokenLoader(dp_copy, batch_size=2, seq_len=SEQ_LEN, skip_bad_shards=True,
+                         num_workers=0)
+    assert loader.skipped_shards == [victim.file]
+    assert sum(loader.plan.counts) == meta.total_sequences - victim.sequences
+    assert len(take(loader, loader.batches_per_epoch + 1)) == loader.batches_per_epoch + 1
+
+
+def test_corrupt_member_header_names_the_shard(dp_copy):
+    meta = read_dataset_meta(dp_copy)
+    for s in meta.shards:  # garble every member header; the data stays in place
+        with open(dp_copy / s.file, "r+b") as f:
+            for m in range(-(-s.sequences // meta.sequences_per_member)):
+                stride = 512 + -(-meta.sequences_per_member * meta.sample_bytes // 512) * 512
+                f.seek(m * stride)
+                f.write(b"garbage!" * 4)
+    loader = TokenLoader(dp_copy, batch_size=2, seq_len=SEQ_LEN, num_workers=1)
+    with pytest.raises(DatasetError, match=r"shard .*corpus-0000\d-\d{5}\.tar: member \d+"):
+        take(loader, 1)
+
+
+def test_out_of_range_token_ids_are_refused(dp_copy):
+    meta = read_dataset_meta(dp_copy)
+    for s in meta.shards:
+        with open(dp_copy / s.file, "r+b") as f:
+            f.seek(512)
+            f.write(np.full(meta.sequences_per_member * meta.sample_tokens, 60000, np.uint16).tobytes())
+    loader = TokenLoader(dp_copy, batch_size=meta.total_sequences // 2, seq_len=SEQ_LEN, num_workers=0)
+    with pytest.raises(DatasetError, match="token id 60000 >= vocab_size 512 in shard"):
+        take(loader, 1)
+
+
+def test_isolation_mode_reports_throughput_and_latency(dp_dataset):
+    r = run_module("data_pipeline.isolation", dp_dataset.path, "--seq-len", SEQ_LEN,
+                   "--batch-size", 4, "--batches", 40, "--num-workers", 1)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["batches"] == 40 and report["tokens"] == 40 * 4 * SEQ_LEN
+    assert report["tokens_per_s"] > 0 and 0 < report["fetch_ms_p50"] <= report["fetch_ms_p99"]
+    assert report["padding_fraction"] == 0.0
