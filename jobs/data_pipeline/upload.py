@@ -1,0 +1,201 @@
+"""Sync a local folder to S3 with a SHA-256 manifest, and verify it.
+
+    python -m data_pipeline.upload sync LOCAL_DIR s3://bucket/prefix [--workers 8] [--part-mb 64]
+    python -m data_pipeline.upload verify s3://bucket/prefix [--deep]
+
+sync hashes every file, skips those already in S3 with the same size and SHA-256 (stored as
+object metadata ``sha256`` at upload), uploads the rest in parallel (multipart above
+``--part-mb``), and writes ``s3://bucket/prefix/manifest.json`` ({path: {size, sha256}}) last, so
+a manifest means a complete upload; an interrupted sync resumes by running it again.
+verify checks every manifest entry against the objects (presence, size, stored SHA-256; with
+``--deep`` it downloads and re-hashes) and exits 1 naming each bad file.
+
+Credentials come from the usual AWS chain (instance role on the cluster); ``--endpoint-url`` or
+``AWS_ENDPOINT_URL`` points at another S3 API (tests use a local one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+
+class UploadError(Exception):
+    pass
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    if not url.startswith("s3://") or len(url) <= 5:
+        raise UploadError(f"{url!r} is not an s3://bucket/prefix URL")
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _client(endpoint_url: str | None, workers: int):
+    import boto3
+    from botocore.config import Config
+    return boto3.client("s3", endpoint_url=endpoint_url,
+                        config=Config(max_pool_connections=max(10, workers * 2),
+                                      retries={"mode": "adaptive", "max_attempts": 10}))
+
+
+def _key(prefix: str, rel: str) -> str:
+    return f"{prefix}/{rel}" if prefix else rel
+
+
+def _check_bucket(s3, bucket: str) -> None:
+    from botocore.exceptions import ClientError
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchBucket"):
+            raise UploadError(f"bucket {bucket!r} does not exist") from None
+        if code in ("403", "AccessDenied"):
+            raise UploadError(f"access denied to bucket {bucket!r} (check the IAM policy)") from None
+        raise
+
+
+def _remote_sha(s3, bucket: str, key: str) -> tuple[int, str | None] | None:
+    from botocore.exceptions import ClientError
+    try:
+        head = s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return head["ContentLength"], head.get("Metadata", {}).get("sha256")
+
+
+def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: int = 64) -> dict:
+    from boto3.s3.transfer import TransferConfig
+
+    local_dir = Path(local_dir)
+    if not local_dir.is_dir():
+        raise UploadError(f"local folder {local_dir} does not exist")
+    bucket, prefix = parse_s3_url(url)
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    if not files:
+        raise UploadError(f"no files under {local_dir}")
+    s3 = _client(endpoint_url, workers)
+    _check_bucket(s3, bucket)
+    transfer = TransferConfig(multipart_threshold=part_mb << 20, multipart_chunksize=part_mb << 20,
+                              max_concurrency=workers)
+
+    def one(path: Path) -> tuple[str, dict, bool]:
+        rel = path.relative_to(local_dir).as_posix()
+        entry = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        key = _key(prefix, rel)
+        if _remote_sha(s3, bucket, key) == (entry["size"], entry["sha256"]):
+            return rel, entry, False
+        s3.upload_file(str(path), bucket, key, Config=transfer,
+                       ExtraArgs={"Metadata": {"sha256": entry["sha256"]}})
+        return rel, entry, True
+
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, files))
+    manifest = {"version": 1, "files": {rel: entry for rel, entry, _ in results}}
+    s3.put_object(Bucket=bucket, Key=_key(prefix, MANIFEST),
+                  Body=json.dumps(manifest, indent=1).encode(), ContentType="application/json")
+    uploaded = [rel for rel, _, up in results if up]
+    return {"url": url, "files": len(results), "uploaded": len(uploaded),
+            "skipped": len(results) - len(uploaded),
+            "uploaded_bytes": sum(manifest["files"][r]["size"] for r in uploaded),
+            "manifest": f"s3://{bucket}/{_key(prefix, MANIFEST)}"}
+
+
+def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8) -> list[str]:
+    """Problems found (empty when every manifest entry matches its object)."""
+    from botocore.exceptions import ClientError
+
+    bucket, prefix = parse_s3_url(url)
+    s3 = _client(endpoint_url, workers)
+    _check_bucket(s3, bucket)
+    try:
+        body = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST))["Body"].read()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            raise UploadError(f"no {MANIFEST} at {url}: run `sync` first") from None
+        raise
+    manifest = json.loads(body)["files"]
+
+    def check(item) -> str | None:
+        rel, want = item
+        key = _key(prefix, rel)
+        remote = _remote_sha(s3, bucket, key)
+        if remote is None:
+            return f"{rel}: missing at s3://{bucket}/{key}"
+        size, sha = remote
+        if size != want["size"]:
+            return f"{rel}: size {size} in S3, manifest says {want['size']}"
+        if sha != want["sha256"]:
+            return f"{rel}: SHA-256 {sha or 'none'} in S3 metadata, manifest says {want['sha256']}"
+        if deep:
+            h = hashlib.sha256()
+            for chunk in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(8 << 20):
+                h.update(chunk)
+            if h.hexdigest() != want["sha256"]:
+                return f"{rel}: content SHA-256 {h.hexdigest()}, manifest says {want['sha256']}"
+        return None
+
+    with ThreadPoolExecutor(workers) as pool:
+        return [p for p in pool.map(check, sorted(manifest.items())) if p]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data_pipeline.upload", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
+                   help="S3 API endpoint (default: AWS)")
+    p.add_argument("--workers", type=int, default=8, help="parallel transfers")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sync", help="upload changed files and write the manifest")
+    s.add_argument("local_dir")
+    s.add_argument("url", help="s3://bucket/prefix")
+    s.add_argument("--part-mb", type=int, default=64, help="multipart threshold and part size")
+    v = sub.add_parser("verify", help="check the objects against the manifest")
+    v.add_argument("url", help="s3://bucket/prefix")
+    v.add_argument("--deep", action="store_true", help="download and re-hash every object")
+    a = p.parse_args(argv)
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
+                                     NoCredentialsError, PartialCredentialsError)
+    try:
+        if a.cmd == "sync":
+            print(json.dumps(sync(a.local_dir, a.url, endpoint_url=a.endpoint_url,
+                                  workers=a.workers, part_mb=a.part_mb)))
+            return 0
+        problems = verify(a.url, endpoint_url=a.endpoint_url, deep=a.deep, workers=a.workers)
+        for problem in problems:
+            print(f"MISMATCH {problem}", file=sys.stderr)
+        print(json.dumps({"url": a.url, "ok": not problems, "bad": len(problems)}))
+        return 1 if problems else 0
+    except UploadError as e:
+        print(f"error: {e}", file=sys.stderr)
+    except (NoCredentialsError, PartialCredentialsError):
+        print("error: no AWS credentials found (use the instance role on the cluster, or set "
+              "AWS_PROFILE / AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY)", file=sys.stderr)
+    except EndpointConnectionError as e:
+        print(f"error: cannot reach S3: {e}", file=sys.stderr)
+    except (ClientError, BotoCoreError, Boto3Error) as e:
+        print(f"error: S3 request failed: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Upload: sync/verify against a real S3 API server (moto_server) on loopback."""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from dp_helpers import run_module
+
+BUCKET = "training-data"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture
+def s3_env(s3_endpoint, tmp_path):
+    """Environment of the CLI: fake credentials, no metadata service, no local AWS config."""
+    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_ENDPOINT_URL": s3_endpoint, "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+
+
+@pytest.fixture
+def s3(s3_env):
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    for obj in client.list_objects_v2(Bucket=BUCKET).get("Contents", []) if _exists(client) else []:
+        client.delete_object(Bucket=BUCKET, Key=obj["Key"])
+    if not _exists(client):
+        client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+def _exists(client):
+    return BUCKET in [b["Name"] for b in client.list_buckets()["Buckets"]]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "data"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("alpha\n" * 1000)
+    (d / "sub" / "b.bin").write_bytes(os.urandom(12 << 20))  # multipart with 5 MiB parts
+    return d
+
+
+def upload(env, *args):
+    r = run_module("data_pipeline.upload", *args, env=env)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else None), r.stderr
+
+
+def test_sync_uploads_with_manifest_then_skips_unchanged_files(s3, s3_env, data_dir):
+    url = f"s3://{BUCKET}/datasets/raw"
+    rc, out, err = upload(s3_env, "sync", data_dir, url, "--part-mb", "5")
+    assert rc == 0, err
+    assert (out["files"], out["uploaded"], out["skipped"]) == (2, 2, 0)
+    body = s3.get_object(Bucket=BUCKET, Key="datasets/raw/sub/b.bin")["Body"].read()
+    assert body == (data_dir / "sub" / "b.bin").read_bytes()
+    head = s3.head_object(Bucket=BUCKET, Key="datasets/raw/sub/b.bin")
+    assert "-" in head["ETag"]  # a multipart upload
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="datasets/raw/manifest.json")["Body"].read())
+    assert manifest["files"]["sub/b.bin"] == {"size": 12 << 20,
+                                              "sha256": hashlib.sha256(body).hexdigest()}
+    rc, out, _ = upload(s3_env, "sync", data_dir, url, "--part-mb", "5")
+    assert (rc, out["uploaded"], out["skipped"]) == (0, 0, 2)
+    (data_dir / "a.txt").write_text("changed\n")
+    rc, out, _ = upload(s3_env, "sync", data_dir, url, "--part-mb", "5")
+    assert (rc, out["uploaded"], out["skipped"]) == (0, 1, 1)
+    rc, out, err = upload(s3_env, "verify", url, "--deep")
+    assert rc == 0 and out["ok"], err
+
+
+def test_verify_names_the_mismatching_file(s3, s3_env, data_dir):
+    url = f"s3://{BUCKET}/v"
+    assert upload(s3_env, "sync", data_dir, url)[0] == 0
+    s3.put_object(Bucket=BUCKET, Key="v/a.txt", Body=b"tampered")
+    rc, _, err = upload(s3_env, "verify", url)
+    assert rc == 1 and "MISMATCH a.txt: size 8 in S3" in err and "b.bin" not in err
+    # Same size and the recorded checksum in metadata, different bytes: only --deep can tell.
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="v/manifest.json")["Body"].read())
+    entry = manifest["files"]["a.txt"]
+    s3.put_object(Bucket=BUCKET, Key="v/a.txt", Body=b"x" * entry["size"],
+                  Metadata={"sha256": entry["sha256"]})
+    assert upload(s3_env, "verify", url)[0] == 0
+    rc, _, err = upload(s3_env, "verify", url, "--deep")
+    assert rc == 1 and "MISMATCH a.txt: content SHA-256" in err
+    s3.delete_object(Bucket=BUCKET, Key="v/sub/b.bin")
+    rc, _, err = upload(s3_env, "verify", url)
+    assert rc == 1 and "MISMATCH sub/b.bin: missing" in err
+
+
+def test_missing_bucket_is_one_clear_line(s3, s3_env, data_dir):
+    rc, _, err = upload(s3_env, "sync", data_dir, "s3://no-such-bucket/x")
+    assert rc == 2 and err.strip() == "error: bucket 'no-such-bucket' does not exist"
+
+
+def test_missing_credentials_is_one_clear_line(s3_env, data_dir):
+    env = {**s3_env, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}  # empty = unset
+    rc, _, err = upload(env, "sync", data_dir, f"s3://{BUCKET}/x")
+    assert rc == 2 and err.strip().startswith("error: no AWS credentials found")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_verify_without_manifest_says_to_sync_first(s3, s3_env):
+    rc, _, err = upload(s3_env, "verify", f"s3://{BUCKET}/nothing-here")
+    assert rc == 2 and "no manifest.json at s3://training-data/nothing-here: run `sync` first" in err
