@@ -1,0 +1,135 @@
+"""The storage stack: secured buckets, three FSx for Lustre file systems and their S3 links."""
+
+import pytest
+from aws_cdk import aws_fsx as fsx
+
+BUCKETS = ("data_bucket", "checkpoint_bucket", "assets_bucket", "access_log_bucket")
+RETAINED = ("data_bucket", "checkpoint_bucket", "access_log_bucket")
+
+
+def resource(app, stack: str, construct) -> dict:
+    """The synthesized CloudFormation resource of an L2 construct (or of an L1 one)."""
+    cfn = getattr(construct.node, "default_child", None) or construct
+    logical_id = app.stacks[stack].get_logical_id(cfn)
+    return app.template_json(stack)["Resources"][logical_id]
+
+
+def by_type(app, stack: str, kind: str) -> dict[str, dict]:
+    return {k: r for k, r in app.template_json(stack)["Resources"].items() if r["Type"] == kind}
+
+
+@pytest.mark.parametrize("name", BUCKETS)
+def test_every_bucket_is_encrypted_private_and_tls_only(each_env, name):
+    storage = each_env.stacks["storage"]
+    bucket = resource(each_env, "storage", getattr(storage, name))["Properties"]
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"] == [
+        {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
+    ]
+    assert bucket["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True
+    }
+    logical_id = storage.get_logical_id(getattr(storage, name).node.default_child)
+    (policy,) = [p for p in by_type(each_env, "storage", "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"] == {"Ref": logical_id}]
+    assert {
+        "Effect": "Deny",
+        "Principal": {"AWS": "*"},
+        "Action": "s3:*",
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }.items() <= policy["Properties"]["PolicyDocument"]["Statement"][0].items()
+
+
+def test_buckets_log_access_to_the_access_log_bucket(each_env):
+    storage = each_env.stacks["storage"]
+    log_bucket_id = storage.get_logical_id(storage.access_log_bucket.node.default_child)
+    for name in ("data_bucket", "checkpoint_bucket", "assets_bucket"):
+        logging = resource(each_env, "storage", getattr(storage, name))["Properties"]["LoggingConfiguration"]
+        assert logging["DestinationBucketName"] == {"Ref": log_bucket_id}
+    assert "LoggingConfiguration" not in resource(each_env, "storage", storage.access_log_bucket)["Properties"]
+
+
+def test_only_the_checkpoint_bucket_is_versioned_and_old_versions_expire(each_env):
+    storage = each_env.stacks["storage"]
+    checkpoints = resource(each_env, "storage", storage.checkpoint_bucket)["Properties"]
+    assert checkpoints["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"} in checkpoints["LifecycleConfiguration"]["Rules"]
+    for name in ("data_bucket", "assets_bucket", "access_log_bucket"):
+        assert "VersioningConfiguration" not in resource(each_env, "storage", getattr(storage, name))["Properties"]
+
+
+def test_data_checkpoint_and_log_buckets_survive_destroy(each_env):
+    storage = each_env.stacks["storage"]
+    for name in RETAINED:
+        bucket = resource(each_env, "storage", getattr(storage, name))
+        assert (bucket["DeletionPolicy"], bucket["UpdateReplacePolicy"]) == ("Retain", "Retain"), name
+    assets = resource(each_env, "storage", storage.assets_bucket)
+    assert assets["DeletionPolicy"] == "Delete"
+    # Emptied first, or CloudFormation could not delete it.
+    assert len(by_type(each_env, "storage", "Custom::S3AutoDeleteObjects")) == 1
+
+
+@pytest.mark.parametrize("name", ["data", "checkpoints", "logs"])
+def test_file_systems_are_persistent_2_lz4_sized_from_the_settings_in_the_compute_subnet(each_env, name):
+    storage, network = each_env.stacks["storage"], each_env.stacks["network"]
+    wanted = each_env.settings.storage.file_systems()[name]
+    file_system = storage.file_systems[name]
+    assert isinstance(file_system, fsx.CfnFileSystem)
+    props = resource(each_env, "storage", file_system)["Properties"]
+    assert props["FileSystemType"] == "LUSTRE"
+    assert props["StorageCapacity"] == wanted.storage_capacity_gib
+    assert props["LustreConfiguration"] == {
+        "DeploymentType": "PERSISTENT_2",
+        "PerUnitStorageThroughput": wanted.throughput_per_tib,
+        "DataCompressionType": "LZ4",
+    }
+    # The subnet and security group come from the network stack's outputs: follow them back.
+    outputs = each_env.template_json("network")["Outputs"]
+    (subnet,) = props["SubnetIds"]
+    (group,) = props["SecurityGroupIds"]
+    assert outputs[subnet["Fn::GetStackOutput"]["OutputName"]]["Value"] == network.resolve(network.compute_subnet.subnet_id)
+    assert outputs[group["Fn::GetStackOutput"]["OutputName"]]["Value"] == network.resolve(network.fsx_sg.security_group_id)
+
+
+def test_file_system_ids_and_mount_names_are_outputs(each_env):
+    storage = each_env.stacks["storage"]
+    outputs = each_env.template_json("storage")["Outputs"]
+    for name, file_system in storage.file_systems.items():
+        logical_id = storage.get_logical_id(file_system)
+        assert outputs[f"{name.capitalize()}FileSystemId"]["Value"] == {"Ref": logical_id}
+        assert outputs[f"{name.capitalize()}MountName"]["Value"] == {"Fn::GetAtt": [logical_id, "LustreMountName"]}
+        assert storage.resolve(file_system.attr_lustre_mount_name) == {"Fn::GetAtt": [logical_id, "LustreMountName"]}
+
+
+def links(app) -> dict[str, dict]:
+    """Data repository associations keyed by the file system name they belong to."""
+    storage = app.stacks["storage"]
+    names = {storage.get_logical_id(fs): name for name, fs in storage.file_systems.items()}
+    return {
+        names[r["Properties"]["FileSystemId"]["Ref"]]: r["Properties"]
+        for r in by_type(app, "storage", "AWS::FSx::DataRepositoryAssociation").values()
+    }
+
+
+def bucket_url(app, bucket) -> dict:
+    return {"Fn::Join": ["", ["s3://", {"Ref": app.stacks["storage"].get_logical_id(bucket.node.default_child)}]]}
+
+
+def test_data_file_system_lazy_loads_the_training_bucket(each_env):
+    data = links(each_env)["data"]
+    assert data["DataRepositoryPath"] == bucket_url(each_env, each_env.stacks["storage"].data_bucket)
+    assert data["FileSystemPath"] == "/"
+    assert data["BatchImportMetaDataOnCreate"] is True
+    assert data["S3"] == {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}}
+
+
+def test_checkpoint_file_system_exports_to_the_checkpoint_bucket(each_env):
+    checkpoints = links(each_env)["checkpoints"]
+    assert checkpoints["DataRepositoryPath"] == bucket_url(each_env, each_env.stacks["storage"].checkpoint_bucket)
+    assert checkpoints["FileSystemPath"] == "/"
+    assert checkpoints["S3"]["AutoExportPolicy"] == {"Events": ["NEW", "CHANGED", "DELETED"]}
+    # Checkpoints already in the bucket appear on a new file system, so a new cluster can resume.
+    assert checkpoints["BatchImportMetaDataOnCreate"] is True
+    assert checkpoints["S3"]["AutoImportPolicy"] == {"Events": ["NEW", "CHANGED"]}
+
+
+def test_log_file_system_has_no_bucket_link(each_env):
+    assert set(links(each_env)) == {"data", "checkpoints"}
