@@ -209,7 +209,7 @@ def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         },
         "CustomActions": {
             "OnNodeStart": _node_setup_action(settings, resources),
-            "OnNodeConfigured": _directory_setup_action(settings, resources),
+            "OnNodeConfigured": _directory_setup_action(settings, resources, local_cache=True),
         },
     }
 
@@ -284,18 +284,19 @@ def _node_setup_action(settings: Settings, resources: ClusterResources) -> dict[
     return action
 
 
-def _directory_setup_action(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+def _directory_setup_action(
+    settings: Settings, resources: ClusterResources, *, local_cache: bool = False
+) -> dict[str, Any]:
     file_systems = settings.storage.file_systems()
-    return {
-        "Script": script_uri(resources, DIRECTORY_SETUP_SCRIPT),
-        "Args": [
-            "--data", file_systems["data"].mount_dir,
-            "--checkpoints", file_systems["checkpoints"].mount_dir,
-            "--logs", file_systems["logs"].mount_dir,
-            "--jobs-uri", f"s3://{resources.assets_bucket}/{JOBS_PREFIX}",
-            *[model.name for model in settings.models],
-        ],
-    }
+    args = [
+        "--data", file_systems["data"].mount_dir,
+        "--checkpoints", file_systems["checkpoints"].mount_dir,
+        "--logs", file_systems["logs"].mount_dir,
+        "--jobs-uri", f"s3://{resources.assets_bucket}/{JOBS_PREFIX}",
+    ]
+    if local_cache:
+        args += ["--local-cache", LOCAL_CACHE_DIR]
+    return {"Script": script_uri(resources, DIRECTORY_SETUP_SCRIPT), "Args": args + [model.name for model in settings.models]}
 
 
 def _ssm_policy(resources: ClusterResources) -> dict[str, str]:

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# ParallelCluster OnNodeStart, on every node: what must be in place before ParallelCluster mounts
+# the shared storage and starts Slurm. Idempotent: a rerun rewrites nothing that is already right.
+#
+#   node_setup.sh [--containers]
+#
+#   --containers   enable Pyxis + Enroot (installed in ParallelCluster's AMIs, off by default)
+#
+# Environment (defaults are the real node; tests point them at temporary folders):
+#   NODE_ROOT   prefix for every file written (default: empty, i.e. /)
+#   LOG_DIR     where the log goes (default /var/log/parallelcluster)
+#
+# Not here on purpose: the instance-store NVMe. ParallelCluster stripes all of a node's NVMe
+# instance-store disks into one volume (RAID 0 via LVM) and mounts it at the queue's
+# LocalStorage.EphemeralVolume.MountDir (/local_cache) right after this script; an array built
+# here would hold those disks and make that step, and so the node's bootstrap, fail.
+set -euo pipefail
+
+NODE_ROOT="${NODE_ROOT:-}"
+LOG_DIR="${LOG_DIR:-/var/log/parallelcluster}"
+LOG_FILE="$LOG_DIR/llm-node-setup.log"
+
+log() { printf '%s node_setup: %s\n' "$(date -u +%FT%TZ)" "$*" | tee -a "$LOG_FILE" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Write stdin to $1 only when the content differs, so reruns leave files (and mtimes) alone.
+write_file() {
+  local path="$1" tmp
+  tmp="$(mktemp)"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$path"; then
+    rm -f "$tmp"
+    return
+  fi
+  install -D -m 0644 "$tmp" "$path"
+  rm -f "$tmp"
+  log "wrote $path"
+}
+
+efa_nccl_environment() {
+  # Login shells (and so every job Slurm starts from them, which inherits the environment) get
+  # the EFA/NCCL settings. Only what aws-ofi-nccl's current guidance still asks for: no
+  # FI_PROVIDER, FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE, RDMAV_* or NCCL_PROTO (the plugin and
+  # libfabric >= 1.18 handle them), no NCCL buffer or channel overrides (the plugin tunes them per
+  # instance type) and no NCCL_TUNER_PLUGIN (automatic since NCCL 2.21).
+  write_file "$NODE_ROOT/etc/profile.d/llm-efa-nccl.sh" <<'EOF'
+# EFA / NCCL environment for the training jobs (written by node_setup.sh).
+# shellcheck shell=bash
+# The OFI plugin and libfabric of the EFA installer, found before anything a Python wheel bundles.
+for _dir in /opt/amazon/ofi-nccl/lib /opt/amazon/ofi-nccl/lib64 /opt/amazon/efa/lib /opt/amazon/efa/lib64; do
+  if [[ -d "$_dir" && ":${LD_LIBRARY_PATH:-}:" != *":$_dir:"* ]]; then
+    export LD_LIBRARY_PATH="$_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+done
+unset _dir
+# Data-loader workers fork; with huge pages the EFA provider's registered memory makes that fail
+# with "Cannot allocate memory".
+export FI_EFA_USE_HUGE_PAGE=0
+# NCCL's bootstrap and socket fallback use the node's real interfaces, never docker/loopback/veth.
+export NCCL_SOCKET_IFNAME="^docker,lo,veth"
+# WARN by default; validation jobs set INFO to see which transport NCCL picked (OFI/EFA or sockets).
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+EOF
+}
+
+lustre_client_tuning() {
+  # FSx for Lustre's advice for clients with many cores (p5: 192 vCPUs): more RPC threads and
+  # network credits. Module options take effect when the Lustre modules load, i.e. at the first
+  # FSx mount, which ParallelCluster does after this script. Runtime settings that need a mounted
+  # file system are applied by directory_setup.sh (OnNodeConfigured).
+  local cpus
+  cpus="$(nproc)"
+  if ((cpus < 64)); then
+    log "Lustre client: $cpus vCPUs, default module options are right"
+    return
+  fi
+  write_file "$NODE_ROOT/etc/modprobe.d/llm-lustre-client.conf" <<'EOF'
+# Lustre client tuning for large instances (written by node_setup.sh).
+options ptlrpc ptlrpcd_per_cpt_max=32
+options ksocklnd credits=2560
+EOF
+  if [[ -d "$NODE_ROOT/sys/module/ptlrpc" ]]; then
+    log "WARNING: the Lustre modules are already loaded; the module options apply after the next reboot"
+  fi
+}
+
+enable_containers() {
+  # ParallelCluster's AMIs ship Enroot and Pyxis with example configs under
+  # /opt/parallelcluster/examples; enabling them means putting those configs in place and
+  # creating the runtime folders they name. slurmd reads plugstack.conf when it starts, after this.
+  local examples="$NODE_ROOT/opt/parallelcluster/examples"
+  local slurm_etc="$NODE_ROOT/opt/slurm/etc"
+  local file
+  for file in enroot/enroot.conf spank/plugstack.conf pyxis/pyxis.conf; do
+    [[ -f "$examples/$file" ]] || die "containers: $examples/$file is missing; use a ParallelCluster 3.11+ AMI (it ships Enroot and Pyxis) or set containers: false"
+  done
+  command -v enroot >/dev/null || die "containers: the enroot command is missing; use a ParallelCluster 3.11+ AMI or set containers: false"
+  write_file "$NODE_ROOT/etc/enroot/enroot.conf" <"$examples/enroot/enroot.conf"
+  write_file "$slurm_etc/plugstack.conf" <"$examples/spank/plugstack.conf"
+  write_file "$slurm_etc/plugstack.conf.d/pyxis.conf" <"$examples/pyxis/pyxis.conf"
+  # Runtime data in RAM (/run), image layers on the node's disk, as the example configs expect.
+  install -d -m 1777 "$NODE_ROOT/run/enroot" "$NODE_ROOT/var/enroot" "$NODE_ROOT/run/pyxis"
+  log "containers: Enroot $(enroot version) and Pyxis enabled"
+}
+
+main() {
+  local containers=false
+  while (($#)); do
+    case "$1" in
+      --containers) containers=true ;;
+      *) echo "usage: node_setup.sh [--containers]  (unknown argument: $1)" >&2; exit 2 ;;
+    esac
+    shift
+  done
+  mkdir -p "$LOG_DIR"
+  log "start (containers: $containers)"
+  efa_nccl_environment
+  lustre_client_tuning
+  if [[ "$containers" == true ]]; then
+    enable_containers
+  fi
+  log "done"
+}
+
+main "$@"

@@ -1,0 +1,197 @@
+"""The rendered ParallelCluster config: ParallelCluster's own schema accepts it, and it says what we mean."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from cluster_config.render import (
+    DIRECTORY_SETUP_SCRIPT,
+    LOCAL_CACHE_DIR,
+    NODE_SETUP_SCRIPT,
+    ClusterResources,
+    RenderError,
+    render_cluster_config,
+)
+from cluster_config.settings import CONFIG_DIR, available_environments, load_settings
+
+ENVS = available_environments()
+
+
+def render(env: str) -> dict:
+    settings = load_settings(env)
+    return render_cluster_config(settings, ClusterResources.placeholders(settings))
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_every_environment_passes_parallelclusters_schema(env_results, env):
+    result = env_results[env]
+    assert result.errors == {}
+
+
+def test_capacity_reservation_is_looked_up_once_and_answered_at_the_aws_boundary(env_results):
+    # prod targets an ODCR: the schema load asks EC2 about it (answered by the stub), dev has none.
+    assert env_results["prod"].ec2_calls == ["DescribeCapacityReservations"]
+    assert env_results["dev"].ec2_calls == []
+
+
+def test_schema_rejects_the_seed_configs_mistakes(check_schema):
+    """The mistakes of the original hand-written config, made on purpose: the schema must name each."""
+    settings = load_settings("prod")
+    bad = copy.deepcopy(render("prod"))
+    bad["Image"]["Os"] = "alinux2"
+    bad["SlurmQueues"] = bad["Scheduling"].pop("SlurmQueues")
+    bad["Iam"] = {"S3Access": [{"BucketName": "data"}]}
+    for storage in bad["SharedStorage"][:3]:
+        storage["FsxLustreSettings"]["DeploymentType"] = "PERSISTENT"
+    errors = check_schema({"seed": bad}, settings)["seed"].errors
+    assert "alinux2023" in str(errors["Image"]["Os"])
+    assert errors["Scheduling"]["SlurmQueues"] == ["Missing data for required field."]
+    assert errors["SlurmQueues"] == ["Unknown field."]
+    assert errors["Iam"] == {"S3Access": ["Unknown field."]}
+    for index in ("0", "1", "2"):
+        assert "PERSISTENT_2" in str(errors["SharedStorage"][index]["FsxLustreSettings"]["DeploymentType"])
+
+
+def test_cli_render_prints_schema_shaped_placeholder_ids():
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster_config", "render", "--env", "prod"], capture_output=True, text=True, check=True
+    ).stdout
+    config = yaml.safe_load(out)
+    assert config == render("prod")
+    assert re.fullmatch(r"subnet-[0-9a-z]{17}", config["HeadNode"]["Networking"]["SubnetId"])
+    fs_ids = [s["FsxLustreSettings"]["FileSystemId"] for s in config["SharedStorage"] if s["StorageType"] == "FsxLustre"]
+    assert len(set(fs_ids)) == 3 and all(re.fullmatch(r"fs-[0-9a-z]{17}", fs_id) for fs_id in fs_ids)
+
+
+def test_cli_validate_all_checks_every_environment(pcluster_schema):
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster_config", "validate", "--all"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    for env in ENVS:
+        assert f"{env}: ParallelCluster schema accepts the config" in proc.stdout
+
+
+def test_cli_names_an_unknown_environment():
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster_config", "render", "--env", "staging"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2
+    assert "no environment 'staging'" in proc.stderr and "Available: dev, prod" in proc.stderr
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_shared_storage_mounts_the_settings_mount_dirs_by_file_system_id(env):
+    settings = load_settings(env)
+    resources = ClusterResources.placeholders(settings)
+    storage = {s["Name"]: s for s in render_cluster_config(settings, resources)["SharedStorage"]}
+    for key, fs in settings.storage.file_systems().items():
+        assert storage[f"fsx-{key}"]["MountDir"] == fs.mount_dir
+        # Existing file systems: the id and nothing else (ParallelCluster allows no other key then).
+        assert storage[f"fsx-{key}"]["FsxLustreSettings"] == {"FileSystemId": resources.file_system_ids[key]}
+
+
+def test_mount_dirs_are_the_ones_the_jobs_use():
+    env_sh = (CONFIG_DIR.parent / "jobs" / "env.sh").read_text()
+    for key, fs in load_settings("prod").storage.file_systems().items():
+        assert f"${{FSX_{key.upper()}:-{fs.mount_dir}}}" in env_sh
+
+
+def test_head_node_is_private_by_default_and_imdsv2_only():
+    config = render("prod")
+    head = config["HeadNode"]
+    assert "KeyName" not in head.get("Ssh", {})
+    assert head["Ssh"]["AllowedIps"] == load_settings("prod").network.vpc_cidr  # not ParallelCluster's 0.0.0.0/0
+    assert head["Imds"] == {"Secured": True}
+    assert config["Imds"] == {"ImdsSupport": "v2.0"}
+    assert {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"} in head["Iam"]["AdditionalIamPolicies"]
+    assert head["LocalStorage"]["RootVolume"]["Encrypted"] is True
+
+
+def test_ssh_allow_list_with_several_ranges_is_refused_with_the_fix(tmp_path, write_env):
+    config_dir = write_env(tmp_path, "dev", network={"vpc_cidr": "10.1.0.0/16", "ssh_allowed_cidrs": ["203.0.113.0/24", "198.51.100.0/24"]})
+    settings = load_settings("dev", config_dir)
+    with pytest.raises(RenderError, match="Ssh.AllowedIps takes one CIDR"):
+        render_cluster_config(settings, ClusterResources.placeholders(settings))
+
+
+def test_gpu_queue_follows_the_settings():
+    settings = load_settings("prod")
+    queue = render("prod")["Scheduling"]["SlurmQueues"][0]
+    resource = queue["ComputeResources"][0]
+    assert (resource["InstanceType"], resource["MinCount"], resource["MaxCount"]) == ("p5e.48xlarge", 0, 80)
+    assert resource["Efa"] == {"Enabled": True, "GdrSupport": True}
+    assert resource["CapacityReservationTarget"] == {"CapacityReservationId": settings.gpu_queue.capacity_reservation.id}
+    assert queue["Networking"]["PlacementGroup"] == {"Enabled": False}  # stated, as EFA requires
+    assert queue["HealthChecks"] == {"Gpu": {"Enabled": True}}
+    root = queue["ComputeSettings"]["LocalStorage"]["RootVolume"]
+    assert (root["VolumeType"], root["Iops"], root["Throughput"], root["Size"]) == ("gp3", 6000, 500, 500)
+    assert queue["ComputeSettings"]["LocalStorage"]["EphemeralVolume"] == {"MountDir": LOCAL_CACHE_DIR}
+
+
+def test_placement_group_is_the_one_the_network_stack_made():
+    settings = load_settings("dev")
+    resources = ClusterResources.placeholders(settings)
+    queue = render_cluster_config(settings, resources)["Scheduling"]["SlurmQueues"][0]
+    assert queue["Networking"]["PlacementGroup"] == {"Enabled": True, "Name": resources.placement_group_name}
+    without = ClusterResources(**{**resources.__dict__, "placement_group_name": None})
+    with pytest.raises(RenderError, match="placement_group is true but no placement group was created"):
+        render_cluster_config(settings, without)
+
+
+def test_scheduling_is_slurm_with_scaling_strategy_and_memory_scheduling():
+    scheduling = render("prod")["Scheduling"]
+    assert scheduling["Scheduler"] == "slurm"
+    assert scheduling["ScalingStrategy"] == "all-or-nothing"
+    assert scheduling["SlurmSettings"]["EnableMemoryBasedScheduling"] is True
+    assert scheduling["SlurmSettings"]["ScaledownIdletime"] > 0
+    assert [q["Name"] for q in scheduling["SlurmQueues"]] == ["gpu", "cpu"]
+
+
+def test_queue_s3_access_is_least_privilege():
+    settings = load_settings("prod")
+    resources = ClusterResources.placeholders(settings)
+    gpu, cpu = render_cluster_config(settings, resources)["Scheduling"]["SlurmQueues"]
+    access = lambda queue: {a["BucketName"]: a["EnableWriteAccess"] for a in queue["Iam"]["S3Access"]}  # noqa: E731
+    assert access(gpu) == {resources.data_bucket: False, resources.checkpoint_bucket: True, resources.assets_bucket: False}
+    assert access(cpu) == {resources.data_bucket: True, resources.assets_bucket: False}
+    for queue in (gpu, cpu):
+        assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
+
+
+def test_custom_actions_run_the_shipped_scripts_with_the_models_as_arguments():
+    settings = load_settings("prod")
+    resources = ClusterResources.placeholders(settings)
+    config = render_cluster_config(settings, resources)
+    models = [m.name for m in settings.models]
+    for node in (config["HeadNode"], *config["Scheduling"]["SlurmQueues"]):
+        start, configured = node["CustomActions"]["OnNodeStart"], node["CustomActions"]["OnNodeConfigured"]
+        assert start["Script"] == f"s3://{resources.assets_bucket}/node_scripts/{NODE_SETUP_SCRIPT}"
+        assert configured["Script"] == f"s3://{resources.assets_bucket}/node_scripts/{DIRECTORY_SETUP_SCRIPT}"
+        assert configured["Args"][-len(models):] == models
+        args = configured["Args"]
+        assert args[args.index("--data") + 1] == "/fsx/data"
+    assert config["HeadNode"]["CustomActions"]["OnNodeUpdated"] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]
+
+
+def test_monitoring_and_tags():
+    config = render("prod")
+    assert config["Monitoring"]["DetailedMonitoring"] is True
+    assert config["Monitoring"]["Logs"]["CloudWatch"]["Enabled"] is True
+    assert config["Monitoring"]["Logs"]["CloudWatch"]["RetentionInDays"] in (30, 60, 90, 120, 180, 365)
+    assert config["Monitoring"]["Dashboards"]["CloudWatch"]["Enabled"] is True
+    assert {"Key": "environment", "Value": "prod"} in config["Tags"]
+
+
+def test_missing_file_system_is_a_clear_error():
+    settings = load_settings("dev")
+    resources = ClusterResources.placeholders(settings)
+    partial = ClusterResources(**{**resources.__dict__, "file_system_ids": {"data": "fs-0123456789abcdef0"}})
+    with pytest.raises(RenderError, match=r"lacks \['checkpoints', 'logs'\]"):
+        render_cluster_config(settings, partial)
