@@ -200,8 +200,13 @@ def check_compatible(meta: DatasetMeta, *, seq_len: int, vocab_size: int | None 
                            + "; ".join(problems))
 
 
+def _tmp_name(path: Path) -> Path:
+    """A temporary name beside ``path``, unique per writer (array tasks may race on dataset.json)."""
+    return path.with_name(f"{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = _tmp_name(path)
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
         f.flush()
@@ -220,7 +225,7 @@ def write_shard(path: Path, sequences: np.ndarray, *, sequences_per_member: int,
     sample_bytes = sample_tokens * data.itemsize
     stem = path.name.removesuffix(".tar")
     sha = hashlib.sha256()
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = _tmp_name(path)
     with open(tmp, "wb") as f:
         def put(buf):
             sha.update(buf)

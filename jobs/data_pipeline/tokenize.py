@@ -32,22 +32,11 @@ from itertools import chain
 from pathlib import Path
 
 
-def _allotted_cores() -> int:
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return len(os.sched_getaffinity(0))
+import numpy as np
 
-
-# The Rust tokenizer sizes its thread pool once, on first use: set it before anything loads it.
-os.environ.setdefault("RAYON_NUM_THREADS", str(_allotted_cores()))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-
-import numpy as np  # noqa: E402
-
-from .shards import (DTYPES, META_FILE, DatasetMeta, ShardInfo, index_path, read_index,  # noqa: E402
-                     token_dtype_name, write_json_atomic, write_shard)
-from .tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer  # noqa: E402
+from .shards import (DTYPES, META_FILE, DatasetMeta, ShardInfo, read_index, token_dtype_name,
+                     write_json_atomic, write_shard)
+from .tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
 
 log = logging.getLogger("data_pipeline.tokenize")
 INPUT_SUFFIXES = (".txt", ".jsonl")
@@ -329,6 +318,13 @@ def tokenize_files(files, tokenizer, out_dir, seq_len: int, **settings) -> Datas
     return finalize(out_dir, [Path(f).name for f in files])
 
 
+def _allotted_cores() -> int:
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return len(os.sched_getaffinity(0))
+
+
 def _task_index(arg: int | None) -> int | None:
     if arg is not None:
         return arg
@@ -360,6 +356,8 @@ def main(argv=None) -> int:
     fin.add_argument("out")
     fin.add_argument("--input-dir", help="require every file of this folder to be done")
     a = p.parse_args(argv)
+    # The Rust tokenizer sizes its thread pool on first use: match it to the cores Slurm gave us.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(_allotted_cores()))
     try:
         if a.cmd == "finalize":
             sources = [f.name for f in list_inputs(a.input_dir)] if a.input_dir else None

@@ -1,0 +1,44 @@
+#!/bin/bash
+# Tokenize raw text files into packed-token shards on FSx (docs/data_pipeline.md).
+# One array task per raw file: task i tokenizes the i-th file of RAW_DIR (sorted); the last task
+# to finish writes DATASET_DIR/dataset.json. Reruns skip finished shards and files.
+#
+#   sbatch --array=0-9 jobs/preprocess.sh                        10 raw files (the default)
+#   sbatch --array=0-$((N - 1))%32 --cpus-per-task=16 jobs/preprocess.sh   N files, 32 at a time
+#
+# Environment (all optional):
+#   RAW_DIR          raw *.txt (one document per line) / *.jsonl files (default $FSX_DATA/raw)
+#   DATASET_DIR      output dataset folder (default $FSX_DATA/tokenized)
+#   TOKENIZER        folder with tokenizer.json, a tokenizer.json file, or a hub model id that
+#                    is in the Hugging Face cache (nodes may have no internet; default
+#                    $FSX_DATA/tokenizer)
+#   SEQ_LEN          training sequence length: shards hold SEQ_LEN + 1 tokens per sample (2048)
+#   PREPROCESS_ARGS  extra flags for `python -m data_pipeline.tokenize run`, e.g. "--shard-mb 512"
+#SBATCH --job-name=preprocess
+#SBATCH --partition=cpu            # CPU queue: tokenizing needs no GPU
+#SBATCH --array=0-9                # one task per raw file; override on the command line
+#SBATCH --cpus-per-task=8          # the tokenizer's threads (it uses all of them); raise on big nodes
+#SBATCH --time=04:00:00
+#SBATCH --output=%x_%A_%a.out      # preprocess_<array job>_<task>.out in the submission folder
+set -euo pipefail
+
+JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
+# shellcheck source=env.sh
+source "$JOBS_DIR/env.sh"
+
+RAW_DIR="${RAW_DIR:-$FSX_DATA/raw}"
+DATASET_DIR="${DATASET_DIR:-$FSX_DATA/tokenized}"
+TOKENIZER="${TOKENIZER:-$FSX_DATA/tokenizer}"
+SEQ_LEN="${SEQ_LEN:-2048}"
+read -r -a extra_args <<< "${PREPROCESS_ARGS:-}"
+
+# Whichever task creates the dataset folder stripes it across all OSTs (new files inherit it):
+# shards are large and read by many clients at once.
+mkdir -p "$(dirname "$DATASET_DIR")"
+if mkdir "$DATASET_DIR" 2>/dev/null && command -v lfs >/dev/null; then
+  lfs setstripe --stripe-count -1 --stripe-size 16M "$DATASET_DIR"
+fi
+
+echo "task ${SLURM_ARRAY_TASK_ID:-all} on $(hostname): $RAW_DIR -> $DATASET_DIR (seq_len $SEQ_LEN)"
+python -m data_pipeline.tokenize run --input-dir "$RAW_DIR" --out "$DATASET_DIR" \
+  --tokenizer "$TOKENIZER" --seq-len "$SEQ_LEN" "${extra_args[@]}"
