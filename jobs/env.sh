@@ -18,3 +18,22 @@ fi
 # The payloads' Python packages live beside this file.
 export PYTHONPATH="${JOBS_DIR}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+
+# GPU nodes only: NCCL over EFA through the aws-ofi-nccl plugin. Following the plugin's own
+# guidance we set only what it does not tune itself (no FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE,
+# RDMAV_*, FI_PROVIDER, NCCL_PROTO, buffer or channel sizes: the plugin picks them per instance).
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  # Bootstrap and socket traffic on the instance's network, never docker bridges, loopback or veths.
+  export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-^docker,lo,veth}"
+  # Data-loader workers fork; huge-page EFA buffers make fork fail with "Cannot allocate memory".
+  export FI_EFA_USE_HUGE_PAGE="${FI_EFA_USE_HUGE_PAGE:-0}"
+  # NCCL finds the plugin (and the plugin libfabric) only on the library path; without them it
+  # silently falls back to TCP sockets. Paths of the EFA installer (Ubuntu and Amazon Linux layouts).
+  for _lib in /opt/amazon/efa/lib /opt/amazon/efa/lib64 /opt/amazon/ofi-nccl/lib \
+    /opt/amazon/ofi-nccl/lib64 /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu; do
+    if [[ -d $_lib && ":${LD_LIBRARY_PATH:-}:" != *":$_lib:"* ]]; then
+      export LD_LIBRARY_PATH="$_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+  done
+  unset _lib
+fi

@@ -1,0 +1,105 @@
+"""Python handle on the local two-node Slurm cluster (local_cluster/cluster.sh), for tests.
+
+Tests get one through the session fixture ``slurm_cluster`` (tests/conftest.py)::
+
+    def test_my_job(slurm_cluster):
+        job = slurm_cluster.sbatch("jobs/my_job.sh", "--steps", "10", options=["--nodes=2"])
+        state, exit_code = slurm_cluster.wait(job, timeout=120)
+        assert (state, exit_code) == ("COMPLETED", 0)
+        log = slurm_cluster.fsx / "logs" / "validation" / f"my-job_{job}.out"
+
+Jobs see the stand-in FSx as /fsx (``.fsx`` on the host) and get the environment of ``.env``
+(sbatch exports the submitting environment), which points JOBS_VENV at the repository's venv.
+There is no accounting database: job state comes from ``scontrol show job``, which keeps
+finished jobs for MinJobAge (5 minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+def unsupported_reason() -> str | None:
+    """Why this machine cannot run the local cluster, or None if it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the local Slurm cluster needs root (packages, network namespaces, mounts)"
+    if shutil.which("unshare") is None:
+        return "the local Slurm cluster needs unshare (util-linux) for its node namespaces"
+    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"this machine cannot create network/UTS/mount namespaces: {probe.stderr.strip()}"
+    return None
+
+
+class LocalCluster:
+    def __init__(self, repo: Path = REPO):
+        self.repo = repo
+        self.fsx = repo / ".local_cluster" / "fsx"  # what jobs see as /fsx
+        self.env = {**os.environ, "JOBS_VENV": str(repo / ".venv")}  # environment jobs are submitted with
+
+    def cluster_sh(self, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.repo / "local_cluster" / "cluster.sh"), command],
+                              capture_output=True, text=True, timeout=600)
+
+    def is_up(self) -> bool:
+        return self.cluster_sh("status").returncode == 0
+
+    def up(self) -> None:
+        self._checked("up")
+
+    def down(self) -> None:
+        self._checked("down")
+
+    def _checked(self, command: str) -> None:
+        result = self.cluster_sh(command)
+        if result.returncode != 0:
+            raise RuntimeError(f"cluster.sh {command} failed ({result.returncode}):\n"
+                               f"{result.stdout}{result.stderr}")
+
+    def sbatch(self, script: str | Path, *args: str, env: Mapping[str, str] | None = None,
+               options: Sequence[str] = ()) -> str:
+        """Submit ``script`` (relative to the repo root, or absolute) from the repo root; return the job id."""
+        cmd = ["sbatch", "--parsable", *options, str(script), *args]
+        result = subprocess.run(cmd, cwd=self.repo, env={**self.env, **(env or {})},
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+        return result.stdout.strip().split(";")[0]
+
+    def jobs(self, job_id: str) -> list[dict[str, str]]:
+        """``scontrol show job`` records for a job (several for a job array)."""
+        result = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                                text=True, timeout=30)
+        if result.returncode != 0:
+            raise RuntimeError(f"scontrol show job {job_id}: {result.stderr.strip()}")
+        return [dict(FIELD.findall(line)) for line in result.stdout.splitlines() if line.strip()]
+
+    def wait(self, job_id: str, timeout: float = 180) -> tuple[str, int]:
+        """Wait until the job (every task of an array) has ended; return (state, exit code).
+
+        For an array the state is COMPLETED only if every task completed, and the exit code is
+        the largest. Raises TimeoutError with the last records if it does not end in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.jobs(job_id)
+            if records and all(r.get("JobState") in TERMINAL_STATES for r in records):
+                states = [r["JobState"] for r in records]
+                failed = [s for s in states if s != "COMPLETED"]
+                code = max(int(r.get("ExitCode", "0:0").split(":")[0]) for r in records)
+                return (failed[0] if failed else "COMPLETED"), code
+            if time.monotonic() > deadline:
+                summary = "; ".join(f"{r.get('JobId')} {r.get('JobState')} {r.get('Reason')}" for r in records)
+                raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s: {summary}")
+            time.sleep(0.5)

@@ -1,0 +1,51 @@
+"""Shared fixtures.
+
+``slurm_cluster`` (session): the real local two-node Slurm cluster (local_cluster/cluster.sh),
+started once per test session if it is not already up and stopped at the end only if this
+session started it. Skipped only where the machine cannot run it (not root, no namespaces).
+It is a ``local_cluster.client.LocalCluster``:
+
+    .sbatch(script, *args, env=None, options=()) -> job id   (submitted from the repo root)
+    .wait(job_id, timeout=180) -> (state, exit_code)          (via scontrol show job)
+    .jobs(job_id) -> list of scontrol records (dicts)
+    .fsx   host path of the stand-in /fsx (.local_cluster/fsx: data/, checkpoints/, logs/)
+    .env   environment jobs are submitted with (JOBS_VENV = the repo's .venv)
+    .repo  repository root
+
+Mark tests that use it with ``@pytest.mark.slurm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from local_cluster.client import LocalCluster, unsupported_reason
+
+
+@dataclass
+class ClusterSession:
+    cluster: LocalCluster
+    up_before_session: bool  # started outside this test session: never stop it
+    started_here: bool = False
+
+
+@pytest.fixture(scope="session")
+def cluster_session() -> ClusterSession:
+    reason = unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = LocalCluster()
+    return ClusterSession(cluster, up_before_session=cluster.is_up())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(cluster_session: ClusterSession):
+    cluster = cluster_session.cluster
+    if not cluster.is_up():
+        cluster.up()
+        cluster_session.started_here = True
+    yield cluster
+    if cluster_session.started_here and not cluster_session.up_before_session:
+        cluster.down()

@@ -1,0 +1,86 @@
+"""Jobs on the local two-node cluster: placement, arrays, requeue, and the validation payloads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster_checks.results import COLLECTIVES, bus_factor
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + body)
+    return path
+
+
+def test_two_node_smoke_test_lands_one_task_per_node(slurm_cluster):
+    job = slurm_cluster.sbatch("jobs/test_2nodes.sh")
+    assert slurm_cluster.wait(job, timeout=90) == ("COMPLETED", 0)
+    log = (slurm_cluster.fsx / "logs" / "validation" / f"test-2nodes_{job}.out").read_text()
+    hosts = sorted(line.split()[-1] for line in log.splitlines() if line.startswith("task "))
+    assert hosts == ["node1", "node2"]
+    assert log.count("GPUs: none (nvidia-smi not found)") == 2
+    assert "OK: 2 distinct hosts" in log
+
+
+def test_job_array_runs_every_index(slurm_cluster, tmp_path):
+    script = write_script(tmp_path / "array.sh", 'echo "$SLURM_ARRAY_TASK_ID $(hostname)" > "$1/task_$SLURM_ARRAY_TASK_ID"\n')
+    job = slurm_cluster.sbatch(script, str(tmp_path),
+                               options=["--array=0-3", "--job-name=array", f"--output={tmp_path}/%x_%A_%a.out"])
+    assert slurm_cluster.wait(job, timeout=90) == ("COMPLETED", 0)
+    indices = sorted(int(p.read_text().split()[0]) for p in tmp_path.glob("task_*"))
+    assert indices == [0, 1, 2, 3]
+    assert len(list(tmp_path.glob(f"array_{job}_*.out"))) == 4
+    assert {p.read_text().split()[1] for p in tmp_path.glob("task_*")} <= {"node1", "node2"}
+
+
+def test_requeue_reruns_the_job_with_incremented_restart_count(slurm_cluster, tmp_path):
+    # The first run waits to be requeued; the second finishes at once.
+    script = write_script(tmp_path / "requeue.sh", """
+echo "run restart_count=${SLURM_RESTART_COUNT:-0}"
+if [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then
+  touch "$1/first_run_started"
+  sleep 120
+fi
+""")
+    out = tmp_path / "requeue.out"
+    job = slurm_cluster.sbatch(script, str(tmp_path),
+                               options=["--requeue", "--open-mode=append", f"--output={out}"])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "first_run_started").exists():
+        assert time.monotonic() < deadline, "first run never started"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    assert slurm_cluster.wait(job, timeout=120) == ("COMPLETED", 0)
+    assert [line for line in out.read_text().splitlines() if line.startswith("run ")] == [
+        "run restart_count=0", "run restart_count=1"]
+    assert slurm_cluster.jobs(job)[0]["Restarts"] == "1"
+
+
+def test_collective_benchmark_across_both_nodes(slurm_cluster, tmp_path):
+    out_dir = tmp_path / "collectives"
+    job = slurm_cluster.sbatch("jobs/collectives.sh", "--max-bytes", "64K", "--iters", "3",
+                               env={"COLLECTIVES_OUT_DIR": str(out_dir)})
+    state = slurm_cluster.wait(job, timeout=180)
+    log = (slurm_cluster.fsx / "logs" / "validation" / f"collectives_{job}.out").read_text()
+    assert state == ("COMPLETED", 0), log[-3000:]
+
+    meta = json.loads((out_dir / "results.json").read_text())
+    assert meta["world_size"] == 4 and meta["nodes"] == ["node1", "node2"] and meta["backend"] == "gloo"
+    rows = meta["results"]
+    assert sorted({r["collective"] for r in rows}) == sorted(COLLECTIVES)
+    for r in rows:
+        # Every rank checked its result against the exact expected values (reduce: only the root has one).
+        assert r["correct"], r
+        assert r["ranks_checked"] == (1 if r["collective"] == "reduce" else 4), r
+        assert r["time_us"] > 0 and r["algbw_gbps"] > 0 and r["busbw_gbps"] > 0, r
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * bus_factor(r["collective"], 4))
+    assert (out_dir / "busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "results.csv").read_text().count("\n") == len(rows) + 1
+    assert "gloo: 4 ranks on 2 node(s) (node1, node2)" in log
