@@ -1,0 +1,38 @@
+"""Build the small CPU dataset that configs/tiny.yaml trains on: the data pipeline's sample corpus,
+tokenized and packed at seq_len 128 (a few seconds, no downloads).
+
+    python -m training.demo_data /fsx/data/tokenized/sample
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from data_pipeline.sample_data import make_sample
+from data_pipeline.shards import DatasetMeta, read_dataset_meta
+from data_pipeline.tokenize import tokenize_files
+
+SEQ_LEN = 128
+
+
+def build(out_dir: str | Path, *, seq_len: int = SEQ_LEN, size_kb: int = 400) -> DatasetMeta:
+    """Shards in ``out_dir`` (corpus and tokenizer beside it in ``<out_dir>.src``); reused if present."""
+    out_dir = Path(out_dir)
+    if (out_dir / "dataset.json").is_file():
+        return read_dataset_meta(out_dir)
+    files, tokenizer = make_sample(out_dir.with_name(out_dir.name + ".src"), num_files=2, total_bytes=size_kb * 1000)
+    return tokenize_files(files, tokenizer, out_dir, seq_len)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    args = parser.parse_args(argv)
+    meta = build(args.out_dir, seq_len=args.seq_len)
+    print(f"{meta.path}: {meta.total_sequences} sequences of {meta.seq_len} tokens, vocab {meta.vocab_size}")
+
+
+if __name__ == "__main__":
+    main()

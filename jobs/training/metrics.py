@@ -1,0 +1,127 @@
+"""Per-interval training metrics, computed in one place, written to the log, TensorBoard and JSONL.
+
+Per log interval: loss, learning rate, grad norm, tokens/s (per device and total), MFU (GPU only,
+against the device's dense bf16 peak), data-wait share (time blocked fetching the next batch over
+step time), checkpoint blocking time, and memory (GPU: peak allocated; CPU: resident set).
+Weights & Biases is used only when WANDB_API_KEY is set (imported lazily; optional).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Dense bf16 peak FLOP/s per device, for MFU (vendor datasheets, without sparsity).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Metrics:
+    """Accumulates one interval; ``log_interval`` is called on every rank (loss is averaged), writes on rank 0."""
+
+    def __init__(self, *, log_dir: str, tensorboard_dir: str, is_main: bool, world_size: int, device: torch.device,
+                 tokens_per_step: int, flops_per_token: float, run_name: str, config: dict, wandb_project: str = ""):
+        self.is_main, self.world_size, self.device = is_main, world_size, device
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak = peak_flops(device)
+        self._reset()
+        self._tb = self._wandb = None
+        self._jsonl = None
+        if is_main:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(Path(log_dir) / "metrics.jsonl", "a")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(tensorboard_dir)
+            if os.environ.get("WANDB_API_KEY"):
+                import wandb  # optional: not in requirements-jobs.txt
+
+                self._wandb = wandb.init(project=wandb_project or run_name, name=run_name, config=config, resume="allow")
+
+    clock = staticmethod(time.perf_counter)
+
+    def _reset(self) -> None:
+        self.steps = 0
+        self.data_wait = self.checkpoint_block = 0.0
+        self.samples_crc = 0
+        self.interval_start = self.clock()
+
+    def add_step(self, *, data_wait: float, samples: int) -> None:
+        self.steps += 1
+        self.data_wait += data_wait
+        self.samples_crc = zlib.crc32(samples.to_bytes(4, "little"), self.samples_crc)
+
+    def add_checkpoint_block(self, seconds: float) -> None:
+        self.checkpoint_block += seconds
+
+    def emit(self, step: int, *, loss: float, lr: float, grad_norm: float) -> dict:
+        """Summarize the interval since the last emit (step = optimizer steps done) and reset."""
+        # Wall time of the interval, not summed per-step timers: on a GPU the host runs ahead of
+        # the device, and only the interval's end (loss.item()) is a synchronization point.
+        elapsed = self.clock() - self.interval_start
+        train_time = max(elapsed - self.checkpoint_block, 1e-9)
+        tokens = self.tokens_per_step * self.steps
+        record = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": tokens / elapsed,
+            "tokens_per_s_per_device": tokens / elapsed / self.world_size,
+            "step_time_s": train_time / max(self.steps, 1),
+            "data_wait_pct": 100 * self.data_wait / train_time,
+            "checkpoint_block_s": self.checkpoint_block,
+            "memory_gib": memory_gib(self.device),
+            "samples_crc": self.samples_crc,  # CRC-32 of rank 0's input ids in the interval
+        }
+        if self.peak:
+            record["mfu_pct"] = 100 * record["tokens_per_s_per_device"] * self.flops_per_token / self.peak
+        self._reset()
+        if self.is_main:
+            log.info(" ".join(f"{k}={_fmt(v)}" for k, v in record.items()))
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+            for key, value in record.items():
+                if key not in ("step", "samples_crc"):
+                    self._tb.add_scalar(f"train/{key}", value, step)
+            if self._wandb:
+                self._wandb.log(record, step=step)
+        return record
+
+    def event(self, **fields) -> None:
+        """A one-off line (resume, stop, checkpoint) in the JSONL log, for tools and tests."""
+        if self.is_main:
+            self._jsonl.write(json.dumps({"event": fields.pop("kind"), **fields}) + "\n")
+            self._jsonl.flush()
+
+    def close(self) -> None:
+        if self.is_main:
+            self._jsonl.close()
+            self._tb.close()
+            if self._wandb:
+                self._wandb.finish()
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,170 @@
+"""Train a Llama-style causal LM over packed token shards; resumes from the latest checkpoint.
+
+    torchrun --nproc-per-node=2 -m training.train --config jobs/training/configs/tiny.yaml train.steps=50
+
+Run under Slurm by jobs/train.sh. On exit, rank 0 writes ``<checkpoint.dir>/STATUS``: ``complete``
+(all steps done, final checkpoint saved) or ``stopped`` (a signal asked to stop; a checkpoint of
+the last finished step was saved), which the batch script uses to back up or requeue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import zlib
+
+import torch
+import torch.nn.functional as F
+from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from . import distributed
+from .checkpoint import CheckpointMismatch, Checkpointer, _write_atomic
+from .config import Config, ConfigError, load_config
+from .metrics import Metrics
+from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
+from .optim import build_optimizer, lr_at, set_lr
+from .signals import StopRequest
+
+log = logging.getLogger("training")
+
+
+def train(cfg: Config, d: distributed.Dist) -> str:
+    """Run until ``train.steps`` or a stop request; returns the final status."""
+    stop = StopRequest()  # first, so a signal during start-up is not lost
+    if d.is_main:
+        log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
+
+    meta = read_dataset_meta(cfg.data.path)
+    vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
+    check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)
+    model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
+    total_params, _ = count_parameters(model_config)
+    log.info("model %s: %.3gM parameters, vocab %d, %s over %d ranks on %s", cfg.model.preset, total_params / 1e6,
+             vocab_size, cfg.train.parallelism, d.world_size, d.device)
+
+    model = build_model(model_config)
+    if cfg.train.parallelism == "fsdp":  # shard first, so each rank allocates only its shard
+        model = distributed.parallelize(model, "fsdp", d)
+        init_weights(model, model_config, d.device, cfg.train.seed)
+    else:
+        init_weights(model, model_config, d.device, cfg.train.seed)
+        model = distributed.parallelize(model, "ddp", d)
+    optimizer = build_optimizer(model, cfg.optim)
+    accum = cfg.grad_accum_steps(d.world_size)
+    loader = TokenLoader(cfg.data.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,
+                         rank=d.rank, world_size=d.world_size, num_workers=cfg.data.num_workers,
+                         seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size)
+    identity = {"preset": cfg.model.preset, "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
+                "layers": model_config.num_hidden_layers, "hidden": model_config.hidden_size}
+    ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
+                        d=d, identity=identity)
+
+    step = 0
+    if ckpt.latest_step() >= 0:  # building the state initializes optimizer moments: only when resuming
+        state = _app_state(model, optimizer, loader, step, d)
+        loaded = ckpt.load(state)
+        if loaded is None:
+            optimizer = build_optimizer(model, cfg.optim)  # discard the moments the attempt initialized
+        else:
+            step = _restore(state, model, optimizer, loader, d)
+
+    metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
+                      world_size=d.world_size, device=d.device,
+                      tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
+                      flops_per_token=flops_per_token(model_config, cfg.data.seq_len), run_name=cfg.name,
+                      config=cfg.to_dict(), wandb_project=cfg.log.wandb_project)
+    metrics.event(kind="start", step=step, world_size=d.world_size, resumed=step > 0)
+    batches = iter(loader)
+    stopping = False
+    while step < cfg.train.steps and not stopping:
+        lr = lr_at(step, cfg.train.steps, cfg.optim)
+        set_lr(optimizer, lr)
+        loss_sum, data_wait, samples = torch.zeros((), device=d.device), 0.0, 0
+        for micro in range(accum):
+            wait_start = metrics.clock()
+            batch = next(batches)
+            data_wait += metrics.clock() - wait_start
+            samples = zlib.crc32(batch["input_ids"].numpy().tobytes(), samples)  # which data this rank saw
+            inputs = batch["input_ids"].to(d.device, non_blocking=True)
+            labels = batch["labels"].to(d.device, non_blocking=True)
+            with distributed.gradient_sync(model, micro == accum - 1), distributed.autocast(d, cfg.train.parallelism):
+                logits = model(input_ids=inputs).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / accum
+                loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        metrics.add_step(data_wait=data_wait, samples=samples)
+
+        ckpt.poll()
+        stopping = distributed.any_rank(stop.requested, d)
+        last = step == cfg.train.steps or stopping
+        if step % cfg.log.interval == 0 or last:
+            if isinstance(grad_norm, DTensor):
+                grad_norm = grad_norm.full_tensor()
+            metrics.emit(step, loss=distributed.mean_over_ranks(loss_sum.item(), d), lr=lr, grad_norm=grad_norm.item())
+        if step % cfg.checkpoint.every == 0 or last:
+            metrics.add_checkpoint_block(ckpt.save(step, _app_state(model, optimizer, loader, step, d), wait=last))
+
+    ckpt.close()
+    status = "complete" if step >= cfg.train.steps else "stopped"
+    if stopping:
+        log.warning("stopped at step %d on %s after saving a checkpoint", step, stop.signal_name or "another rank's signal")
+    metrics.event(kind=status, step=step, signal=stop.signal_name)
+    metrics.close()
+    if d.is_main:
+        _write_atomic(ckpt.dir / "STATUS", status + "\n")
+    return status
+
+
+def _app_state(model, optimizer, loader, step: int, d: distributed.Dist) -> dict:
+    """Everything a resume needs. Per-rank items (RNG, loader position) live under a per-rank key."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    rng = {"cpu": torch.get_rng_state()}
+    if d.on_gpu:
+        rng["cuda"] = torch.cuda.get_rng_state(d.device)
+    return {"model": model_state, "optim": optim_state, "step": step,
+            f"rank{d.rank}": {"rng": rng, "loader": loader.state_dict()}}
+
+
+def _restore(state: dict, model, optimizer, loader, d: distributed.Dist) -> int:
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    mine = state[f"rank{d.rank}"]
+    torch.set_rng_state(mine["rng"]["cpu"])
+    if d.on_gpu:
+        torch.cuda.set_rng_state(mine["rng"]["cuda"], d.device)
+    loader.load_state_dict(mine["loader"])
+    return int(state["step"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config file (see jobs/training/configs/)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    d = distributed.init(cfg.train.timeout_s)
+    logging.basicConfig(level=logging.INFO if d.is_main else logging.WARNING,
+                        format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        train(cfg, d)
+    except (ConfigError, DatasetError, CheckpointMismatch) as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
