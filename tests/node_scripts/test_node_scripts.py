@@ -1,0 +1,187 @@
+"""The node scripts, run for real: directory setup against tmpfs mounts in a private mount namespace
+(real mount points, so the wait and its timeout are the real code paths), node setup into a
+temporary root. Only `aws` and `lfs` (AWS and Lustre, absent here) are stand-ins on PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "node_scripts"
+SHELLCHECK = Path(sys.executable).parent / "shellcheck"
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and mount namespaces (unshare)")
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Stand-in mount points, a cfnconfig, a log dir and a bin dir for the AWS/Lustre stand-ins."""
+    for name in ("data", "checkpoints", "logs", "jobs_home", "log", "bin"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "cfnconfig").write_text("cfn_node_type=ComputeFleet\ncfn_cluster_user=nobody\n")
+    return tmp_path
+
+
+def run_directory_setup(node: Path, *args: str, mount=("data", "checkpoints", "logs"), extra_env=None):
+    """Mount tmpfs on the chosen stand-ins inside a private mount namespace, then run the script there."""
+    mounts = " && ".join(f"mount -t tmpfs tmpfs {node / name}" for name in mount) or "true"
+    # The tree is listed inside the namespace (tmpfs content vanishes with it): one "path owner mode" a line.
+    listing = f'find {node}/data {node}/checkpoints {node}/logs -mindepth 1 -printf "%P %u %m\\n"'
+    command = f'{mounts} && {{ bash {SCRIPTS / "directory_setup.sh"} "$@"; status=$?; {listing}; exit $status; }}'
+    env = {
+        **os.environ,
+        "PATH": f"{node / 'bin'}:{os.environ['PATH']}",
+        "FSX_FSTYPE": "tmpfs",
+        "CFNCONFIG": str(node / "cfnconfig"),
+        "JOBS_HOME": str(node / "jobs_home"),
+        "LOG_DIR": str(node / "log"),
+        **(extra_env or {}),
+    }
+    base = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs")]
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", command, "setup", *base, *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+
+
+def tree(proc) -> dict[str, tuple[str, str]]:
+    entries = {}
+    for line in proc.stdout.splitlines():
+        path, owner, mode = line.rsplit(" ", 2)
+        entries[path] = (owner, mode)
+    return entries
+
+
+def test_node_scripts_are_shellcheck_clean():
+    scripts = sorted(str(p) for p in SCRIPTS.glob("*.sh"))
+    proc = subprocess.run([str(SHELLCHECK), "-S", "warning", *scripts], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+    for script in scripts:
+        assert "set -euo pipefail" in Path(script).read_text()
+
+
+@needs_mount_namespace
+def test_directory_setup_builds_the_per_model_tree_owned_by_the_cluster_user(node):
+    proc = run_directory_setup(node, "model1", "model7")
+    assert proc.returncode == 0, proc.stderr
+    entries = tree(proc)
+    # find prints paths relative to each root; the roots are data, checkpoints, logs in that order.
+    for expected in ("raw", "tokenized", "model1", "model7", "model1/slurm", "model1/tensorboard", "model7/tensorboard"):
+        assert entries[expected] == ("nobody", "2775"), (expected, entries)
+    log = (node / "log" / "llm-directory-setup.log").read_text()
+    assert "directory tree ready for 2 model(s)" in log
+    assert "lfs not found" in log
+
+
+@needs_mount_namespace
+def test_directory_setup_is_idempotent(node):
+    # Both runs in one namespace, so the second finds what the first made.
+    command = f"bash {SCRIPTS / 'directory_setup.sh'} \"$@\" && bash {SCRIPTS / 'directory_setup.sh'} \"$@\""
+    env = {**os.environ, "FSX_FSTYPE": "tmpfs", "CFNCONFIG": str(node / "cfnconfig"), "LOG_DIR": str(node / "log")}
+    mounts = " && ".join(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))
+    args = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs"), "model1"]
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", f"{mounts} && {command}", "setup", *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (node / "log" / "llm-directory-setup.log").read_text().count("directory tree ready") == 2
+
+
+@needs_mount_namespace
+def test_directory_setup_fails_clearly_when_a_mount_never_appears(node):
+    proc = run_directory_setup(node, "--timeout", "3", "model1", mount=("data", "logs"))
+    assert proc.returncode == 1
+    assert f"not mounted as tmpfs after 3s: {node / 'checkpoints'}" in proc.stderr
+    assert "security group allows TCP 988 and 1018-1023" in proc.stderr
+    assert "not mounted as tmpfs" in (node / "log" / "llm-directory-setup.log").read_text()
+    assert "model1" not in tree(proc)  # nothing is created on the node's own disk instead
+
+
+@needs_mount_namespace
+def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(node):
+    calls = node / "lfs_calls"
+    lfs = node / "bin" / "lfs"  # Lustre's lfs is not available here: a stand-in that records its arguments
+    lfs.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    lfs.chmod(0o755)
+    proc = run_directory_setup(node, "model1")
+    assert proc.returncode == 0, proc.stderr
+    lines = calls.read_text().splitlines()
+    assert f"setstripe -c -1 -S 4M {node / 'data' / 'tokenized'}" in lines
+    assert f"setstripe -c -1 -S 4M {node / 'checkpoints' / 'model1'}" in lines
+    assert f"setstripe -c 1 {node / 'logs' / 'model1' / 'slurm'}" in lines
+    assert len(lines) == 2 + 1 + 3
+
+
+@needs_mount_namespace
+def test_directory_setup_rejects_a_model_name_that_is_not_a_directory_name(node):
+    proc = run_directory_setup(node, "../etc")
+    assert proc.returncode == 1
+    assert "model name '../etc' is not lowercase letters" in proc.stderr
+
+
+@needs_mount_namespace
+def test_head_node_installs_the_jobs_bundle_and_builds_the_venv_once(node):
+    (node / "cfnconfig").write_text("cfn_node_type=HeadNode\ncfn_cluster_user=nobody\n")
+    bundle_source = node / "s3_jobs"
+    bundle_source.mkdir()
+    (bundle_source / "env.sh").write_text("# env\n")
+    (bundle_source / "requirements-jobs.txt").write_text("# nothing to install in this test\n")
+    aws = node / "bin" / "aws"  # the AWS boundary: `aws s3 sync URI DIR` copies from a local folder
+    aws.write_text(f'#!/bin/sh\nset -e\nfor last; do :; done\nmkdir -p "$last"\ncp -r {bundle_source}/. "$last"/\n')
+    aws.chmod(0o755)
+    extra = {"JOBS_PYTHON": sys.executable}
+    first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
+    assert first.returncode == 0, first.stderr
+    venv = node / "jobs_home" / "venv"
+    assert (node / "jobs_home" / "bundle" / "jobs" / "env.sh").is_file()
+    assert (venv / "bin" / "python").exists()
+    second = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
+    assert second.returncode == 0, second.stderr
+    assert f"jobs venv {venv} is up to date" in second.stderr
+
+
+def run_node_setup(root: Path, *args: str):
+    env = {**os.environ, "NODE_ROOT": str(root), "LOG_DIR": str(root / "log")}
+    return subprocess.run(["bash", str(SCRIPTS / "node_setup.sh"), *args], capture_output=True, text=True, env=env)
+
+
+def test_node_setup_writes_current_efa_nccl_environment_idempotently(tmp_path):
+    assert run_node_setup(tmp_path).returncode == 0
+    profile = tmp_path / "etc" / "profile.d" / "llm-efa-nccl.sh"
+    first_mtime = profile.stat().st_mtime_ns
+    text = profile.read_text()
+    assert "export FI_EFA_USE_HUGE_PAGE=0" in text and 'NCCL_SOCKET_IFNAME="^docker,lo,veth"' in text
+    for obsolete in ("FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "RDMAV_", "FI_PROVIDER", "NCCL_PROTO",
+                     "NCCL_MIN_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_P2P_NET_CHUNKSIZE", "NCCL_TUNER_PLUGIN"):
+        assert f"export {obsolete}" not in text
+    assert run_node_setup(tmp_path).returncode == 0
+    assert profile.stat().st_mtime_ns == first_mtime  # rerun rewrote nothing
+    sourced = subprocess.run(["bash", "-c", f"set -u; source {profile}; echo $FI_EFA_USE_HUGE_PAGE $NCCL_DEBUG"],
+                             capture_output=True, text=True, check=True)
+    assert sourced.stdout.split() == ["0", "WARN"]
+
+
+def test_node_setup_with_containers_fails_clearly_without_enroot_and_pyxis(tmp_path):
+    proc = run_node_setup(tmp_path, "--containers")
+    assert proc.returncode == 1
+    assert "containers:" in proc.stderr and "use a ParallelCluster 3.11+ AMI" in proc.stderr
+
+
+def test_node_setup_rejects_unknown_arguments(tmp_path):
+    proc = run_node_setup(tmp_path, "--raid")
+    assert proc.returncode == 2
+    assert "unknown argument: --raid" in proc.stderr
