@@ -66,7 +66,7 @@ class ClusterResources:
         """Ids shaped like real ones (subnet-0…, sg-0…, fs-0…), stable per environment."""
 
         def fake(prefix: str, name: str) -> str:
-            digest = hashlib.sha256(f"{settings.name}/{name}".encode()).hexdigest()
+            digest = hashlib.sha256(f"{settings.name}/{prefix}/{name}".encode()).hexdigest()
             return f"{prefix}-0{digest[:16]}"
 
         placement_group = f"{settings.cluster_name}-gpu" if settings.gpu_queue.placement_group else None
