@@ -50,7 +50,6 @@ def add_stacks(app: cdk.App, settings: Settings) -> dict[str, cdk.Stack]:
 
     nag.add_checks(app)
     nag.acknowledge_network(network)
-    nag.acknowledge_storage(storage)
     return {"network": network, "storage": storage, "cluster": cluster}
 
 

@@ -13,7 +13,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from aws_cdk.assertions import Template  # noqa: E402  (after the environment variable above)
 
-from cluster_config.settings import Settings  # noqa: E402
+from cluster_config.settings import Settings, available_environments  # noqa: E402
 from stacks.app import build_app  # noqa: E402
 
 
@@ -62,6 +62,6 @@ def prod(synthesize) -> SynthesizedApp:
     return synthesize("prod")
 
 
-@pytest.fixture(scope="session", params=["dev", "prod"])
+@pytest.fixture(scope="session", params=available_environments())
 def each_env(request, synthesize) -> SynthesizedApp:
     return synthesize(request.param)

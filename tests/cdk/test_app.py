@@ -10,6 +10,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
 
+from cluster_config.settings import available_environments
 from stacks import nag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,14 +78,15 @@ def test_unknown_environment_fails_synth_listing_the_environments():
     result = run_app(env="missing")
     assert result.returncode == 1
     assert "error: no environment 'missing'" in result.stderr
-    assert "Available: dev, prod" in result.stderr
+    assert f"Available: {', '.join(available_environments())}" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_no_environment_fails_synth_asking_for_one():
     result = run_app()
     assert result.returncode == 1
-    assert "error: no environment chosen: pass -c env=NAME (available: dev, prod)" in result.stderr
+    available = ", ".join(available_environments())
+    assert f"error: no environment chosen: pass -c env=NAME (available: {available})" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -95,7 +97,7 @@ def test_synth_all_script_synthesizes_and_lints_every_environment():
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}"}
     result = subprocess.run(["scripts/synth_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    for env_name in ("dev", "prod"):
+    for env_name in available_environments():
         assert f"{env_name}: synthesized in" in result.stdout
         for part in ("network", "storage"):
             assert (ROOT / "cdk.out" / env_name / f"llm-{env_name}-{part}.template.json").is_file()

@@ -80,11 +80,14 @@ def test_all_vpc_traffic_is_logged(each_env):
     )
 
 
-def test_nothing_is_open_to_the_world_and_no_ssh_by_default(each_env):
-    assert each_env.settings.network.ssh_allowed_cidrs == []
+def test_only_the_ssh_allow_list_reaches_in_from_address_ranges(each_env):
+    head = logical_id(each_env.stacks["network"].head_node_sg)
     rules = ingress_rules(each_env.templates["network"])
     assert rules, "the security groups must have rules"
-    assert [rule for rule in rules if "/" in rule[1]] == []
+    # dev and prod list none: no SSH at all, administrators use SSM.
+    assert {rule for rule in rules if "/" in rule[1]} == {
+        (head, cidr, "tcp", 22, 22) for cidr in each_env.settings.network.ssh_allowed_cidrs
+    }
 
 
 def test_compute_nodes_allow_all_traffic_within_their_group_and_with_the_head_node(each_env):

@@ -68,7 +68,7 @@ def test_data_checkpoint_and_log_buckets_survive_destroy(each_env):
 
 
 @pytest.mark.parametrize("name", ["data", "checkpoints", "logs"])
-def test_file_systems_are_persistent_2_lz4_sized_from_the_settings_in_the_compute_subnet(each_env, name):
+def test_file_systems_are_persistent_2_sized_from_the_settings_in_the_compute_subnet(each_env, name):
     storage, network = each_env.stacks["storage"], each_env.stacks["network"]
     wanted = each_env.settings.storage.file_systems()[name]
     file_system = storage.file_systems[name]
@@ -79,7 +79,7 @@ def test_file_systems_are_persistent_2_lz4_sized_from_the_settings_in_the_comput
     assert props["LustreConfiguration"] == {
         "DeploymentType": "PERSISTENT_2",
         "PerUnitStorageThroughput": wanted.throughput_per_tib,
-        "DataCompressionType": "LZ4",
+        "DataCompressionType": wanted.data_compression,
     }
     # The subnet and security group come from the network stack's outputs: follow them back.
     outputs = each_env.template_json("network")["Outputs"]
@@ -133,3 +133,9 @@ def test_checkpoint_file_system_exports_to_the_checkpoint_bucket(each_env):
 
 def test_log_file_system_has_no_bucket_link(each_env):
     assert set(links(each_env)) == {"data", "checkpoints"}
+
+
+def test_shipped_environments_compress_with_lz4(dev, prod):
+    for app in (dev, prod):
+        for file_system in by_type(app, "storage", "AWS::FSx::FileSystem").values():
+            assert file_system["Properties"]["LustreConfiguration"]["DataCompressionType"] == "LZ4"
