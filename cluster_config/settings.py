@@ -174,7 +174,7 @@ class StorageSettings(_Strict):
     checkpoints: FileSystemSettings
     logs: FileSystemSettings
     # What training reads per GPU per second, for the planner's throughput check.
-    data_read_mb_s_per_gpu: float = Field(20.0, ge=0)
+    data_read_mb_s_per_gpu: float = Field(2.0, ge=0)
 
     @model_validator(mode="after")
     def _distinct_mounts(self) -> "StorageSettings":

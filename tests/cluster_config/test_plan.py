@@ -24,8 +24,17 @@ def test_prod_plan_is_seven_models_on_80_nodes_at_2768_per_hour():
     assert plan.reserved == 80
 
 
-def test_prod_plan_warns_that_the_data_file_system_is_under_provisioned():
+def test_prod_as_shipped_has_enough_data_throughput():
     plan = build_plan(load_settings("prod"))
+    assert plan.data_demand_mb_s == pytest.approx(640 * 2)
+    assert not plan.storage_under_provisioned
+    assert "WARNING" not in format_plan(plan)
+
+
+def test_a_read_heavy_plan_warns_that_the_data_file_system_is_under_provisioned(write_env, tmp_path):
+    raw = prod_raw()
+    raw["storage"]["data_read_mb_s_per_gpu"] = 20
+    plan = build_plan(load_settings("prod", write_env(tmp_path, "prod", storage=raw["storage"])))
     # 640 GPUs x 20 MB/s = 12,800 MB/s against 7.03 TiB x 1,000 MB/s/TiB = 7,031 MB/s.
     assert plan.data_demand_mb_s == pytest.approx(12800)
     assert plan.data_throughput_mb_s == pytest.approx(7031.25)
@@ -35,6 +44,7 @@ def test_prod_plan_warns_that_the_data_file_system_is_under_provisioned():
 
 def test_enough_throughput_gives_no_warning(write_env, tmp_path):
     raw = prod_raw()
+    raw["storage"]["data_read_mb_s_per_gpu"] = 20
     raw["storage"]["data"]["storage_capacity_gib"] = 14400  # 14,062 MB/s at 1,000 MB/s/TiB
     settings = load_settings("prod", write_env(tmp_path, "prod", storage=raw["storage"]))
     text = format_plan(build_plan(settings))
