@@ -21,11 +21,24 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-deps: $(VENV)/.installed node_modules/.installed  ## install the Python venv and the pinned CDK CLI
+.build/pcluster/.installed: $(VENV)/.installed scripts/install_pcluster_schema.sh
+	scripts/install_pcluster_schema.sh
+
+.build/debian.installed: scripts/install_system_packages.sh
+	scripts/install_system_packages.sh
+	mkdir -p .build && touch $@
+
+deps: $(VENV)/.installed node_modules/.installed .build/pcluster/.installed .build/debian.installed  ## install everything (venv, CDK CLI, schema, Debian packages)
 
 # --- the CDK app -------------------------------------------------------------------------------
 synth: deps  ## synthesize every environment offline and lint the templates
 	source $(VENV)/bin/activate && scripts/synth_all.sh
+
+validate: deps  ## render every environment's ParallelCluster config and check it against ParallelCluster's schema
+	$(PY) -m cluster_config validate --all
+
+plan: deps  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput
+	$(PY) -m cluster_config plan --env $(ENV)
 
 lint: deps  ## shellcheck every shell script
 	$(VENV)/bin/shellcheck -S warning $$(git ls-files '*.sh')
