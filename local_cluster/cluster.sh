@@ -212,18 +212,30 @@ setup_network() {
   done
 }
 
+link_exists() { ip link show "$1" >/dev/null 2>&1; }
+
 teardown_network() {
-  local node ns veth pid
+  local node ns veth pid pids i
   for node in "${NODES[@]}"; do
     ns=$(netns_of "$node") veth=$(veth_of "$node")
     if [[ -e /run/netns/$ns ]]; then
-      # Job steps left inside the node (started by its slurmd) go with it.
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+      # Job steps left inside the node (started by its slurmd) go with it; the namespace and
+      # its veth only go away once the last of them has exited.
+      for ((i = 0; i < 50; i++)); do
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        [[ -z $pids ]] && break
+        for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
+        sleep 0.1
+      done
       ip netns delete "$ns"
     fi
-    ip link show "$veth" >/dev/null 2>&1 && ip link delete "$veth"
+    # Deleting the namespace removes the veth pair, but not always at once.
+    for ((i = 0; i < 50; i++)); do link_exists "$veth" || break; sleep 0.1; done
+    if link_exists "$veth" && ! ip link delete "$veth" 2>/dev/null && link_exists "$veth"; then
+      die "cannot remove $veth"
+    fi
   done
-  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE"; fi
+  if link_exists "$BRIDGE"; then ip link delete "$BRIDGE"; fi
   return 0
 }
 
