@@ -32,7 +32,7 @@
 #SBATCH --ntasks-per-node=8      # 8 IOR/mdtest ranks (fio jobs) per node, like 8 GPU ranks reading
 #SBATCH --exclusive              # nothing else on the nodes while measuring
 #SBATCH --time=01:00:00
-#SBATCH --output=%x_%j.out       # fsx-perf_<job id>.out in the submission folder
+#SBATCH --output=/fsx/logs/validation/%x_%j.out
 set -euo pipefail
 
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
