@@ -55,6 +55,7 @@ class TrainConfig:
     global_batch_size: int = 64  # sequences per optimizer step, over all ranks
     micro_batch_size: int = 4  # sequences per rank per forward/backward
     parallelism: Literal["ddp", "fsdp"] = "fsdp"
+    activation_checkpointing: bool = False  # recompute each layer's activations in backward
     seed: int = 0
     timeout_s: int = 600  # collective timeout: a dead peer ends the job after this at the latest
 

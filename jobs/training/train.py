@@ -47,6 +47,8 @@ def train(cfg: Config, d: distributed.Dist) -> str:
              vocab_size, cfg.train.parallelism, d.world_size, d.device)
 
     model = build_model(model_config)
+    if cfg.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.parallelism == "fsdp":  # shard first, so each rank allocates only its shard
         model = distributed.parallelize(model, "fsdp", d)
         init_weights(model, model_config, d.device, cfg.train.seed)
