@@ -20,7 +20,8 @@ ranks get the same number of batches), and cuts it into ``batches_per_epoch`` ba
 sequences left over change every epoch. Batch ``g`` of a rank (counted across epochs) is a pure
 function of ``(seed, rank, world_size, batch_size, g)``.
 
-Workers. DataLoader worker ``i`` of ``k`` produces batches ``start + i, start + i + k, ...``; the
+Workers. DataLoader worker ``i`` of ``k`` (``num_workers``, ``prefetch_factor`` batches each)
+produces batches ``start + i, start + i + k, ...``; the
 DataLoader hands batches out round-robin from its workers, so the rank sees them in order ``g``.
 Workers live for the whole run: the stream crosses epoch boundaries without restarting them.
 
@@ -30,7 +31,9 @@ following batches are exactly those an uninterrupted run would have produced, fo
 of workers.
 
 Reading. A batch is read with one ``pread`` per sequence straight into the batch buffer (offsets
-come from the fixed shard layout, see ``shards``), then widened to int64 once. Memory does not grow
+come from the fixed shard layout, see ``shards``), passed from the worker as raw bytes in the
+storage dtype, viewed without a copy and widened to int64 once, into pinned memory when
+``pin_memory`` (no separate pinning copy). Memory does not grow
 with the dataset: one shard-order array per epoch and the in-shard permutations of the shards
 being read.
 """
@@ -124,7 +127,7 @@ class ShardReader:
         name = self.files[shard]
         header = os.pread(fd, TAR_BLOCK, int(sequence_offset(member * self.spm, self.spm,
                                                              self.sample_bytes)) - TAR_BLOCK)
-        want = f"{name.removesuffix('.tar')}/{member:06d}.tokens.{self.suffix}"
+        want = f"{Path(name).name.removesuffix('.tar')}/{member:06d}.tokens.{self.suffix}"
         try:
             info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
         except tarfile.TarError as e:
@@ -177,8 +180,9 @@ class _BatchStream(IterableDataset):
                     bad = sorted({self.files[s] for s, row in zip(shards, tokens) if row.max() >= vocab})
                     raise DatasetError(f"token id {top} >= vocab_size {vocab} in shard(s) {bad} "
                                        f"of {self.meta.path}: corrupt data")
-                yield {"input_ids": torch.from_numpy(tokens[:, :-1].astype(np.int64)),
-                       "labels": torch.from_numpy(tokens[:, 1:].astype(np.int64))}
+                # Plain bytes cross the worker pipe in one copy; tensors would each need a
+                # shared-memory segment, several times slower for batches this size.
+                yield tokens.tobytes()
                 g += workers
         finally:
             reader.close()
@@ -247,11 +251,19 @@ class TokenLoader:
     def __iter__(self):
         stream = _BatchStream(self.meta, self._files, self.plan, self._next)
         extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers else {}
-        loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, **extra)
-        for batch in loader:
+        loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, **extra)
+        shape = (self.batch_size, self.meta.sample_tokens)
+        for raw in loader:
+            tokens = np.frombuffer(raw, self.meta.np_dtype).reshape(shape)
+            batch = {"input_ids": self._widen(tokens[:, :-1]), "labels": self._widen(tokens[:, 1:])}
             self._next += 1
             yield batch
+
+    def _widen(self, ids: np.ndarray) -> torch.Tensor:
+        """int64 copy of ``ids``, written straight into pinned memory when pinning."""
+        out = torch.empty(ids.shape, dtype=torch.int64, pin_memory=self.pin_memory)
+        out.numpy()[:] = ids
+        return out
 
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "batches": self._next, "seed": self.seed,

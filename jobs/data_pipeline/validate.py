@@ -51,7 +51,7 @@ def check_shard(meta: DatasetMeta, shard: ShardInfo) -> list[str]:
                                 f"{getattr(shard, key)!r}")
     except (OSError, ValueError, KeyError) as e:
         problems.append(f"{shard.file}: index {index_path(path).name} unreadable ({e})")
-    stem, suffix = shard.file.removesuffix(".tar"), SUFFIX[meta.dtype]
+    stem, suffix = path.name.removesuffix(".tar"), SUFFIX[meta.dtype]
     sequences, top = 0, -1
     with open(path, "rb") as f:
         reader = _HashingReader(f)
