@@ -1,6 +1,9 @@
 """jobs/preprocess.sh as a real Slurm job array on the local two-node cluster."""
 
+import json
 import shutil
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -45,3 +48,17 @@ def test_preprocess_array_tokenizes_every_file_and_reruns_as_no_op(slurm_cluster
     # Passed: remove what the run left in the shared stand-in FSx (kept on failure to debug).
     shutil.rmtree(host)
     shutil.rmtree(logs)
+
+
+def test_demo_script_runs_end_to_end(slurm_cluster):
+    run = f"demo-test-{uuid.uuid4().hex[:8]}"
+    env = {**slurm_cluster.env, "FSX_HOST": str(slurm_cluster.fsx), "DEMO_RUN": run,
+           "PYTHON": sys.executable}
+    r = subprocess.run(["bash", "jobs/data_pipeline/demo.sh"], cwd=slurm_cluster.repo, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    validated = json.loads(r.stdout.split("== validate\n")[1].splitlines()[0])
+    assert validated["ok"] and validated["shards"] >= 4
+    assert json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"] > 0
+    shutil.rmtree(slurm_cluster.fsx / "data" / run)
+    shutil.rmtree(slurm_cluster.fsx / "logs" / run)
