@@ -158,8 +158,8 @@ class Runner:
         raw.mkdir(parents=True, exist_ok=True)
         work = Path(mount) / ".fsx_perf" / self.job
         try:
-            (work / "seq").mkdir(parents=True)
-            (work / "md").mkdir()
+            (work / "seq").mkdir(parents=True, exist_ok=True)  # exists after a requeue
+            (work / "md").mkdir(exist_ok=True)
             if args.tool == "ior":
                 self._measure_ior(work, raw)
             else:
