@@ -142,7 +142,8 @@ class Checkpointer:
             self._check_identity(step, saved)
             try:
                 dcp.load(state, checkpoint_id=path, process_group=self.d.checkpoint_group)
-            except Exception as exc:  # a corrupt file surfaces as any of several exception types
+            # DCP reports a failed read on any rank as CheckpointException (a BaseException) on every rank.
+            except (Exception, dcp.CheckpointException) as exc:
                 log.warning("checkpoint %s could not be read (%s: %s); trying the previous one",
                             path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
                 continue

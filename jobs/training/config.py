@@ -150,6 +150,11 @@ def _check_type(name: str, kind, value):
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

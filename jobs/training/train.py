@@ -73,6 +73,8 @@ def train(cfg: Config, d: distributed.Dist) -> str:
             optimizer = build_optimizer(model, cfg.optim)  # discard the moments the attempt initialized
         else:
             step = _restore(state, model, optimizer, loader, d)
+    else:
+        log.info("no checkpoint in %s: starting from step 0", ckpt.dir)
 
     metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
                       world_size=d.world_size, device=d.device,
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config file (see jobs/training/configs/)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before and after a later --config
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:

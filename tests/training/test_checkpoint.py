@@ -1,0 +1,106 @@
+"""Checkpointer: commit rule, keep-K, fallback past partial or corrupt checkpoints, wrong model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import pytest
+import torch
+
+from training import distributed
+from training.checkpoint import CheckpointMismatch, Checkpointer
+
+IDENTITY = {"preset": "tiny", "vocab_size": 512}
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory):
+    """A real one-process gloo group (what DCP coordinates over)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MASTER_ADDR", "127.0.0.1")
+    mp.setenv("MASTER_PORT", str(port))
+    mp.setenv("RANK", "0")
+    mp.setenv("WORLD_SIZE", "1")
+    yield distributed.init(timeout_s=60)
+    distributed.shutdown()
+    mp.undo()
+
+
+def state(value: float, step: int) -> dict:
+    return {"model": {"w": torch.full((64, 64), value)}, "step": step}
+
+
+def saved_checkpointer(tmp_path, d, steps, *, keep=5, async_save=True) -> Checkpointer:
+    ckpt = Checkpointer(tmp_path, keep=keep, async_save=async_save, d=d, identity=IDENTITY)
+    for step in steps:
+        ckpt.save(step, state(float(step), step))
+    ckpt.close()
+    return ckpt
+
+
+def load(ckpt: Checkpointer):
+    target = state(0.0, 0)
+    step = ckpt.load(target)
+    return step, target["model"]["w"][0, 0].item(), target["step"]
+
+
+def test_async_save_commits_latest_last_and_keeps_k(tmp_path, d):
+    ckpt = Checkpointer(tmp_path, keep=2, async_save=True, d=d, identity=IDENTITY)
+    ckpt.save(10, state(10.0, 10))
+    live = state(20.0, 20)
+    ckpt.save(20, live)
+    live["model"]["w"].fill_(-1.0)  # training goes on: the save holds its own copy
+    ckpt.save(30, state(30.0, 30))
+    ckpt.close()
+    assert (tmp_path / "latest").read_text() == "step_00000030\n"
+    assert ckpt.steps() == [20, 30]  # keep=2
+    meta = json.loads((tmp_path / "step_00000030/train_meta.json").read_text())
+    assert meta == {"step": 30, "world_size": 1, **IDENTITY}
+    assert load(ckpt) == (30, 30.0, 30)
+    ckpt.latest_step()
+    target = state(0.0, 0)
+    Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity=IDENTITY)
+    assert torch.equal(target["model"]["w"], torch.zeros(64, 64))
+
+
+def test_unfinished_newer_save_is_ignored(tmp_path, d):
+    ckpt = saved_checkpointer(tmp_path, d, [10, 20])
+    (tmp_path / "step_00000030").mkdir()  # a save that never finished: no metadata, not in latest
+    (tmp_path / "step_00000030/__0_0.distcp").write_bytes(b"partial")
+    assert load(ckpt) == (20, 20.0, 20)
+
+
+def test_incomplete_latest_falls_back_with_a_warning(tmp_path, d, caplog):
+    ckpt = saved_checkpointer(tmp_path, d, [10, 20])
+    (tmp_path / "step_00000020/.metadata").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert load(ckpt) == (10, 10.0, 10)
+    assert "step_00000020 is incomplete" in caplog.text and "trying the previous one" in caplog.text
+
+
+def test_corrupt_latest_falls_back_with_a_warning(tmp_path, d, caplog):
+    ckpt = saved_checkpointer(tmp_path, d, [10, 20])
+    for shard in (tmp_path / "step_00000020").glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])  # truncated by a full disk or a crash
+    with caplog.at_level(logging.WARNING):
+        assert load(ckpt) == (10, 10.0, 10)
+    assert "step_00000020 could not be read" in caplog.text
+
+
+def test_nothing_loadable_starts_fresh_and_says_so(tmp_path, d, caplog):
+    ckpt = Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity=IDENTITY)
+    with caplog.at_level(logging.INFO):
+        assert ckpt.load(state(0.0, 0)) is None
+    assert "no checkpoint in" in caplog.text and "starting from step 0" in caplog.text
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path, d):
+    saved_checkpointer(tmp_path, d, [10])
+    other = Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity={"preset": "llama2-7b", "vocab_size": 512})
+    with pytest.raises(CheckpointMismatch, match="preset: checkpoint has 'tiny', config has 'llama2-7b'"):
+        other.load(state(0.0, 0))

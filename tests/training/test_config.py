@@ -1,0 +1,83 @@
+"""The typed training config: file + overrides, validation messages, per-model configs vs the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from training.config import ConfigError, load_config
+from training.models import PRESETS, count_parameters, llama_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "jobs/training/configs"
+
+
+@pytest.fixture(autouse=True)
+def fsx_env(monkeypatch):
+    monkeypatch.setenv("FSX_DATA", "/fsx/data")
+    monkeypatch.setenv("FSX_CHECKPOINTS", "/fsx/checkpoints")
+    monkeypatch.setenv("FSX_LOGS", "/fsx/logs")
+
+
+def test_file_then_overrides_and_per_model_directories():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["train.steps=7", "optim.lr=1e-3", "name=model3", "optim.warmup_steps=2"])
+    assert (cfg.train.steps, cfg.optim.lr, cfg.train.parallelism) == (7, 1e-3, "ddp")
+    assert cfg.data.path == "/fsx/data/tokenized/sample"
+    assert cfg.checkpoint.dir == "/fsx/checkpoints/model3"
+    assert cfg.log.dir == "/fsx/logs/model3"
+    assert cfg.log.tensorboard_dir == "/fsx/logs/model3/tensorboard"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.stpes=5"], "unknown config key 'train.stpes'; allowed here: "),
+    (["train.steps=many"], "train.steps: expected int, got 'many'"),
+    (["train.parallelism=zero3"], "train.parallelism: 'zero3' is not one of ddp, fsdp"),
+    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, 1.7b"),
+    (["train.micro_batch_size=5"], "train.global_batch_size 32 is not a multiple of train.micro_batch_size 5"),
+    (["optim.min_lr=1.0"], "optim.min_lr 1.0 is above optim.lr"),
+    (["checkpoint.keep=0"], "checkpoint.keep: must be > 0, got 0"),
+    (["steps"], "override 'steps' is not section.key=value"),
+])
+def test_bad_settings_name_the_field_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIGS / "tiny.yaml", overrides)
+    assert message in str(err.value)
+
+
+def test_grad_accumulation_needs_a_dividing_world_size():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["train.micro_batch_size=8"])
+    assert cfg.grad_accum_steps(2) == 2
+    with pytest.raises(ConfigError, match="not a multiple of train.micro_batch_size x world size = 8 x 3"):
+        cfg.grad_accum_steps(3)
+
+
+def test_unset_environment_variable_in_a_path_is_refused(monkeypatch):
+    monkeypatch.delenv("FSX_DATA")
+    with pytest.raises(ConfigError, match="data.path: .* uses an unset environment variable"):
+        load_config(CONFIGS / "tiny.yaml")
+
+
+def test_every_planned_model_has_a_config_with_the_planned_preset():
+    plan = yaml.safe_load((REPO / "cluster_config/prod.yaml").read_text())["models"]
+    for model in plan:
+        cfg = load_config(CONFIGS / f"{model['name']}.yaml")
+        assert cfg.name == model["name"]
+        assert cfg.model.preset == model["preset"]
+        world = model["nodes"] * 8
+        assert cfg.grad_accum_steps(world) >= 1  # the global batch divides over the model's GPUs
+
+
+def test_presets_have_the_published_shapes():
+    sizes = {name: count_parameters(llama_config(name, 32000, 4096))[0] / 1e9 for name in PRESETS}
+    assert sizes["llama2-7b"] == pytest.approx(6.74, abs=0.01)
+    assert sizes["llama2-13b"] == pytest.approx(13.0, abs=0.05)
+    assert sizes["llama2-70b"] == pytest.approx(69.0, abs=0.1)
+    assert llama_config("llama2-70b", 32000, 4096).num_key_value_heads == 8
+    for name, (layers, hidden, heads) in {"1.7b": (24, 2304, 24), "310.1b": (96, 16384, 128)}.items():
+        c = llama_config(name, 32000, 4096)
+        assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (layers, hidden, heads)
+    # The seed's names grow with the shapes (the exact count depends on the vocabulary).
+    ordered = ["1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "310.1b"]
+    assert [sizes[n] for n in ordered] == sorted(sizes[n] for n in ordered)

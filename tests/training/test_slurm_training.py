@@ -1,0 +1,143 @@
+"""`sbatch jobs/train_model1.sh` on the real local two-node Slurm cluster (CPU, tiny preset).
+
+Each job gets its own checkpoint and metrics folders under /fsx/tests/ (FSX_CHECKPOINTS and
+FSX_LOGS from the submitting environment); Slurm's own output goes to /fsx/logs/model1/ as in
+production, which the test creates first because Slurm does not.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from training import demo_data
+
+pytestmark = pytest.mark.slurm
+
+# 40 steps of the tiny config on 2 nodes; every step logged, so runs compare step by step.
+OVERRIDES = ("--config", "jobs/training/configs/tiny.yaml", "train.steps=40", "checkpoint.every=10",
+             "log.interval=1", "optim.warmup_steps=5")
+OPTIONS = ["--nodes=2", "--gpus-per-node=0"]  # the local nodes have CPUs only
+
+
+SUBMITTED: list[str] = []  # cancelled at the end of the module, so a failed test leaves no job behind
+
+
+class Job:
+    def __init__(self, cluster, name: str):
+        self.cluster = cluster
+        self.root = f"tests/training/{name}-{uuid.uuid4().hex[:8]}"
+        self.host_root = cluster.fsx / self.root
+        self.id = ""
+
+    def submit(self) -> "Job":
+        env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
+               "OMP_NUM_THREADS": "1"}
+        self.id = self.cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=OPTIONS)
+        SUBMITTED.append(self.id)
+        return self
+
+    def wait(self, timeout: float = 600) -> tuple[str, int]:
+        return self.cluster.wait(self.id, timeout=timeout)
+
+    @property
+    def metrics(self) -> Path:
+        return self.host_root / "logs/model1/metrics.jsonl"
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.metrics.read_text().splitlines()] if self.metrics.exists() else []
+
+    def losses(self) -> dict[int, tuple[float, int]]:
+        return {r["step"]: (r["loss"], r["samples_crc"]) for r in self.records() if "loss" in r}
+
+    def output(self) -> str:
+        """The job's Slurm stdout then stderr (training logs go to stderr)."""
+        paths = [self.cluster.fsx / f"logs/model1/model1_{self.id}.{ext}" for ext in ("out", "err")]
+        return "".join(p.read_text() for p in paths if p.exists())
+
+    def wait_until(self, what: str, done, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self.records()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {self.id}: no {what} within {timeout} s:\n{self.output()[-3000:]}")
+            time.sleep(0.2)
+
+    def wait_for_step(self, step: int) -> None:
+        self.wait_until(f"step {step}", lambda records: any(r.get("step", 0) >= step and "loss" in r for r in records))
+
+    def worker_pids(self) -> list[int]:
+        """Training workers of this job (the nodes share the host's process table)."""
+        pids = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+                env = (proc / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            is_worker = b"training.train" in cmd and not any(b"torchrun" in c or c.endswith(b"bash") for c in cmd)
+            if is_worker and f"SLURM_JOB_ID={self.id}".encode() in env:
+                pids.append(int(proc.name))
+        return pids
+
+
+@pytest.fixture(scope="module")
+def fsx(slurm_cluster):
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
+    (slurm_cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)  # Slurm won't create it
+    yield slurm_cluster.fsx
+    if SUBMITTED:
+        subprocess.run(["scancel", *SUBMITTED], check=False)
+    shutil.rmtree(slurm_cluster.fsx / "tests/training", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_cluster, fsx) -> Job:
+    job = Job(slurm_cluster, "uninterrupted").submit()
+    state, code = job.wait()
+    assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
+    return job
+
+
+def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
+    losses = uninterrupted.losses()
+    assert sorted(losses) == list(range(1, 41))
+    first, last = losses[1][0], losses[40][0]
+    assert last < first - 1.0, (first, last)
+    out = uninterrupted.output()
+    assert "model1 on 2 nodes x 1 workers" in out
+    assert "status complete" in out
+    assert "CHECKPOINT_S3_URI is not set" in out  # no bucket here: backup skipped, said so
+    assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
+
+
+def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterrupted):
+    job = Job(slurm_cluster, "interrupted").submit()
+    job.wait_for_step(8)
+    # What Slurm does ahead of the time limit (--signal=USR1@600): SIGUSR1 to the job's steps.
+    subprocess.run(["scancel", "--signal=USR1", job.id], check=True)
+    job.wait_until("resumed start after the requeue",
+                   lambda records: any(r.get("event") == "start" and r["resumed"] for r in records))
+    stopped = [r for r in job.records() if r.get("event") == "stopped"]
+    assert stopped and stopped[0]["signal"] == "SIGUSR1", job.output()[-4000:]
+    assert slurm_cluster.jobs(job.id)[0]["Restarts"] == "1"
+
+    # Now kill one rank outright: the job must end by itself (no hang) with a failure.
+    job.wait_for_step(stopped[0]["step"] + 12)
+    pids = job.worker_pids()
+    assert len(pids) == 2, pids
+    subprocess.run(["kill", "-9", str(pids[-1])], check=True)
+    state, code = job.wait(timeout=120)
+    assert state == "FAILED" and code != 0, (state, code)
+
+    # Resubmitted, it resumes from the latest checkpoint and finishes like the uninterrupted run.
+    job.submit()
+    state, code = job.wait()
+    assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
+    assert "resumed from" in job.output()
+    assert job.losses() == uninterrupted.losses()
