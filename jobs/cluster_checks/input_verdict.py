@@ -56,7 +56,7 @@ def compute_s_per_batch(n: PipelineNumbers) -> float:
 def decide(n: PipelineNumbers) -> Verdict:
     compute_s = compute_s_per_batch(n)
     needed = 1 / compute_s  # batches per second the model consumes
-    wait = f"training waits for data {n.data_wait_share:.0%} of the time (limit {WAIT_LIMIT:.0%})"
+    wait = f"training waits for data {n.data_wait_share:.1%} of the time (limit {WAIT_LIMIT:.0%})"
     if n.data_wait_share > WAIT_LIMIT:
         return _loader_bound(n, needed, wait)
     copy_s = n.copy_pinned_s if n.pinned_in_training else n.copy_pageable_s

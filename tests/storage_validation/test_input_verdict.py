@@ -31,7 +31,7 @@ def test_waiting_with_a_slow_loader_whose_workers_scale_raises_num_workers():
     verdict = decide(numbers)
     assert verdict.kind == LOADER
     assert verdict.change == "data.num_workers=6"  # ceil(20 * 1.2 / 4)
-    assert "training waits for data 50% of the time" in verdict.reason
+    assert "training waits for data 50.0% of the time" in verdict.reason
     assert "workers scale (4.0 batches/s each)" in verdict.reason
 
 
