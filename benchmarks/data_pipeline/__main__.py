@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "jobs"))
 
 from data_pipeline.sample_data import train_tokenizer, write_corpus  # noqa: E402
-from data_pipeline.shards import read_dataset_meta, write_json_atomic  # noqa: E402
+from data_pipeline.shards import write_json_atomic  # noqa: E402
 
 from . import seed_baseline  # noqa: E402
 
@@ -59,20 +58,19 @@ def bench_tokenize(files, tok_dir, work: Path, cores: int) -> dict:
             tokens = sum(pool.map(fn, [(f, tok_dir, dest) for f in files]))
             seconds = time.perf_counter() - t
         disk = sum(p.stat().st_size for p in dest.glob("*.tar"))
-        stored = tokens if name == "seed" else read_dataset_meta_after(dest, files).total_tokens
+        stored = tokens if name == "seed" else finalized(dest, files).total_tokens
         out[name] = {"tokens": tokens, "seconds": round(seconds, 3),
                      "tokens_per_s": round(tokens / seconds), "disk_bytes": disk,
                      "bytes_per_token": round(disk / stored, 3)}
     return out
 
 
-def read_dataset_meta_after(dest: Path, files):
+def finalized(dest: Path, files):
     from data_pipeline.tokenize import finalize
     return finalize(dest, [f.name for f in files])
 
 
 def bench_loader(work: Path, tok_dir: Path, batch_size: int, workers: int, seconds: float) -> dict:
-    import torch  # noqa: F401
     from data_pipeline.loader import TokenLoader
 
     def run(it, count_tokens):

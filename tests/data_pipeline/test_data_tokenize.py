@@ -1,7 +1,6 @@
 """Tokenize: raw text -> packed shards (format, packing, resume, bad input)."""
 
 import json
-import os
 
 import numpy as np
 import pytest
