@@ -10,7 +10,7 @@
 # the models sharing the cluster. Per model it creates:
 #   $CHECKPOINTS/<model>/                       wide striping (large parallel writes)
 #   $LOGS/<model>/{slurm,tensorboard}/          one stripe (many small appends)
-# and, shared by all models, $DATA/{raw,tokenized}/ with wide striping.
+# and, shared by all models, $DATA/{raw,tokenized}/ with wide striping and $LOGS/validation/ with one.
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   FSX_FSTYPE   file system type each mount must have (default lustre)
@@ -142,6 +142,9 @@ main() {
 
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
+  # Output of the validation jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out; Slurm does not
+  # create an --output folder and fails the job without a log when it is missing).
+  make_dir "$logs/validation" narrow
   for model in "${models[@]}"; do
     make_dir "$checkpoints/$model" wide
     make_dir "$logs/$model" narrow

@@ -10,7 +10,8 @@
 #   NODE_ROOT   prefix for every file written (default: empty, i.e. /)
 #   LOG_DIR     where the log goes (default /var/log/parallelcluster)
 #
-# Not here on purpose: the instance-store NVMe. ParallelCluster stripes all of a node's NVMe
+# Not here on purpose: the EFA/NCCL environment, which lives in jobs/env.sh (every job sources it,
+# so it ships and changes with the jobs); and the instance-store NVMe. ParallelCluster stripes all of a node's NVMe
 # instance-store disks into one volume (RAID 0 via LVM) and mounts it at the queue's
 # LocalStorage.EphemeralVolume.MountDir (/local_cache) right after this script; an array built
 # here would hold those disks and make that step, and so the node's bootstrap, fail.
@@ -35,32 +36,6 @@ write_file() {
   install -D -m 0644 "$tmp" "$path"
   rm -f "$tmp"
   log "wrote $path"
-}
-
-efa_nccl_environment() {
-  # Login shells (and so every job Slurm starts from them, which inherits the environment) get
-  # the EFA/NCCL settings. Only what aws-ofi-nccl's current guidance still asks for: no
-  # FI_PROVIDER, FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE, RDMAV_* or NCCL_PROTO (the plugin and
-  # libfabric >= 1.18 handle them), no NCCL buffer or channel overrides (the plugin tunes them per
-  # instance type) and no NCCL_TUNER_PLUGIN (automatic since NCCL 2.21).
-  write_file "$NODE_ROOT/etc/profile.d/llm-efa-nccl.sh" <<'EOF'
-# EFA / NCCL environment for the training jobs (written by node_setup.sh).
-# shellcheck shell=bash
-# The OFI plugin and libfabric of the EFA installer, found before anything a Python wheel bundles.
-for _dir in /opt/amazon/ofi-nccl/lib /opt/amazon/ofi-nccl/lib64 /opt/amazon/efa/lib /opt/amazon/efa/lib64; do
-  if [[ -d "$_dir" && ":${LD_LIBRARY_PATH:-}:" != *":$_dir:"* ]]; then
-    export LD_LIBRARY_PATH="$_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  fi
-done
-unset _dir
-# Data-loader workers fork; with huge pages the EFA provider's registered memory makes that fail
-# with "Cannot allocate memory".
-export FI_EFA_USE_HUGE_PAGE=0
-# NCCL's bootstrap and socket fallback use the node's real interfaces, never docker/loopback/veth.
-export NCCL_SOCKET_IFNAME="^docker,lo,veth"
-# WARN by default; validation jobs set INFO to see which transport NCCL picked (OFI/EFA or sockets).
-export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-EOF
 }
 
 lustre_client_tuning() {
@@ -114,7 +89,6 @@ main() {
   done
   mkdir -p "$LOG_DIR"
   log "start (containers: $containers)"
-  efa_nccl_environment
   lustre_client_tuning
   if [[ "$containers" == true ]]; then
     enable_containers
