@@ -124,7 +124,8 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     assert f"setstripe -c -1 -S 4M {node / 'data' / 'tokenized'}" in lines
     assert f"setstripe -c -1 -S 4M {node / 'checkpoints' / 'model1'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'model1' / 'slurm'}" in lines
-    assert len(lines) == 2 + 1 + 3
+    assert f"setstripe -c 1 {node / 'logs' / 'validation'}" in lines
+    assert len(lines) == 2 + 1 + 1 + 3  # data/{raw,tokenized}, validation logs, model1 checkpoints + 3 log folders
 
 
 @needs_mount_namespace
