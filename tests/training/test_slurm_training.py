@@ -72,18 +72,21 @@ class Job:
         self.wait_until(f"step {step}", lambda records: any(r.get("step", 0) >= step and "loss" in r for r in records))
 
     def worker_pids(self) -> list[int]:
-        """Training workers of this job (the nodes share the host's process table)."""
+        """Training workers of this job: children of its torchruns (the nodes share the host's /proc)."""
         pids = []
         for proc in Path("/proc").glob("[0-9]*"):
             try:
-                cmd = (proc / "cmdline").read_bytes().split(b"\0")
                 env = (proc / "environ").read_bytes().split(b"\0")
+                cmd = (proc / "cmdline").read_bytes()
+                ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                parent_cmd = Path(f"/proc/{ppid}/cmdline").read_bytes()
             except OSError:
                 continue
-            is_worker = b"training.train" in cmd and not any(b"torchrun" in c or c.endswith(b"bash") for c in cmd)
-            if is_worker and f"SLURM_JOB_ID={self.id}".encode() in env:
+            is_python = b"python" in cmd.split(b"\0")[0]  # not srun, whose command line names torchrun too
+            if f"SLURM_JOB_ID={self.id}".encode() in env and is_python and b"training.train" in cmd \
+                    and b"torchrun" in parent_cmd:
                 pids.append(int(proc.name))
-        return pids
+        return sorted(pids)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +131,7 @@ def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterr
     assert slurm_cluster.jobs(job.id)[0]["Restarts"] == "1"
 
     # Now kill one rank outright: the job must end by itself (no hang) with a failure.
-    job.wait_for_step(stopped[0]["step"] + 12)
+    job.wait_for_step(stopped[0]["step"] + 6)
     pids = job.worker_pids()
     assert len(pids) == 2, pids
     subprocess.run(["kill", "-9", str(pids[-1])], check=True)

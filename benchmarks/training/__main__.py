@@ -1,0 +1,55 @@
+"""Training benchmarks: async vs sync checkpoint blocking, and tokens/s + data wait on two nodes.
+
+    .venv/bin/python -m benchmarks.training [--out benchmarks/results/training.json]
+
+Targets: async blocking per save <= 10% of a synchronous save of the same state; data wait
+<= 2% of step time in the local 2-node run. Prints both with their baselines and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "jobs"))
+
+from . import checkpoint, throughput  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/training.json"))
+    parser.add_argument("--saves", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    ckpt = checkpoint.run(saves=args.saves)
+    with tempfile.TemporaryDirectory() as tmp:
+        tput = throughput.run(Path(tmp))
+    result = {"machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
+                          "device": "cpu (no GPU here: GPU figures are not measured)"},
+              "checkpoint": ckpt, "throughput": tput}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+    print(f"checkpoint state {ckpt['state_gib']} GiB ({ckpt['parameters'] / 1e6:.0f}M parameters + AdamW moments)")
+    print(f"  synchronous save, blocking  {ckpt['sync_blocking_median_s']:8.3f} s  (baseline)")
+    print(f"  async save, blocking        {ckpt['async_blocking_median_s']:8.3f} s  "
+          f"ratio {ckpt['async_over_sync_ratio']:.3f} (target <= 0.10: {'met' if ckpt['meets_target'] else 'NOT met'})")
+    print(f"  step time {ckpt['step_time_s_without_save']} s alone, "
+          f"{ckpt['step_time_s_during_background_write']} s while the write runs")
+    print(f"throughput ({tput['setup']})")
+    print(f"  {tput['tokens_per_s_total']} tokens/s total, {tput['tokens_per_s_per_device']} per device, "
+          f"step {tput['step_time_s']} s, loss {tput['first_loss']:.3f} -> {tput['last_loss']:.3f}")
+    print(f"  data wait {tput['data_wait_pct_median']}% of step time (max {tput['data_wait_pct_max']}%; "
+          f"target <= 2%: {'met' if tput['meets_target'] else 'NOT met'})")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
