@@ -8,12 +8,16 @@ production, which the test creates first because Slurm does not.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
+import boto3
 import pytest
 
 from training import demo_data
@@ -36,9 +40,9 @@ class Job:
         self.host_root = cluster.fsx / self.root
         self.id = ""
 
-    def submit(self) -> "Job":
+    def submit(self, **extra_env: str) -> "Job":
         env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", **extra_env}
         self.id = self.cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=OPTIONS)
         SUBMITTED.append(self.id)
         return self
@@ -100,8 +104,36 @@ def fsx(slurm_cluster):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster, fsx) -> Job:
-    job = Job(slurm_cluster, "uninterrupted").submit()
+def s3(slurm_cluster):
+    """moto_server on the controller's address, which the nodes reach over the cluster bridge."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config)
+    assert found, config
+    host = found.group(1)
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", host, "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}"}
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    for _ in range(100):
+        try:
+            client.create_bucket(Bucket="checkpoints-test")
+            break
+        except Exception:
+            time.sleep(0.1)
+    yield client, env
+    server.terminate()
+    server.wait()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_cluster, fsx, s3) -> Job:
+    _, s3_env = s3
+    job = Job(slurm_cluster, "uninterrupted").submit(CHECKPOINT_S3_URI="s3://checkpoints-test/runs", **s3_env)
     state, code = job.wait()
     assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
     return job
@@ -115,8 +147,16 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     out = uninterrupted.output()
     assert "model1 on 2 nodes x 1 workers" in out
     assert "status complete" in out
-    assert "CHECKPOINT_S3_URI is not set" in out  # no bucket here: backup skipped, said so
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
+
+
+def test_final_checkpoint_is_backed_up_once_and_verified(uninterrupted, s3):
+    client, _ = s3
+    out = uninterrupted.output()
+    assert out.count("backed up and verified") == 1
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="checkpoints-test", Prefix="runs/model1/")["Contents"]}
+    local = uninterrupted.host_root / "checkpoints/model1/step_00000040"
+    assert keys == {f"runs/model1/step_00000040/{f.name}" for f in local.iterdir()} | {"runs/model1/latest"}
 
 
 def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterrupted):
