@@ -49,7 +49,7 @@ def _on_slurm() -> dict | None:
         return None
     from training import demo_data
 
-    demo_data.build(cluster.fsx / "data/tokenized/sample")
+    demo_data.build(cluster.fsx / "data/tokenized-sample")
     (cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)
     root = f"benchmarks/training-{uuid.uuid4().hex[:8]}"
     env = {"FSX_CHECKPOINTS": f"/fsx/{root}/checkpoints", "FSX_LOGS": f"/fsx/{root}/logs"}
@@ -69,7 +69,7 @@ def _on_slurm() -> dict | None:
 def _on_host(tmp: Path) -> dict:
     from training import demo_data
 
-    data = demo_data.build(tmp / "data/tokenized/sample").path
+    data = demo_data.build(tmp / "data/tokenized-sample").path
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "FSX_DATA": str(tmp / "data"),
            "FSX_CHECKPOINTS": str(tmp / "checkpoints"), "FSX_LOGS": str(tmp / "logs")}
     subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2",

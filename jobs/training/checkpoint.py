@@ -88,8 +88,8 @@ class Checkpointer:
         if not self.d.is_main:
             return
         path = self.step_dir(step)
-        _write_atomic(path / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity}, indent=1))
-        _write_atomic(self.dir / LATEST, path.name + "\n")
+        write_atomic(path / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity}, indent=1))
+        write_atomic(self.dir / LATEST, path.name + "\n")
         log.info("checkpoint step %d complete in %s (%.1f s after the save started)", step, path, time.perf_counter() - start)
         self._prune()
 
@@ -168,7 +168,7 @@ class Checkpointer:
             )
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
         f.write(text)

@@ -32,7 +32,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    path: str = "${FSX_DATA}/tokenized/sample"
+    path: str = "${FSX_DATA}/tokenized"  # where jobs/preprocess.sh writes by default
     seq_len: int = 256
     num_workers: int = 2
     seed: int = 0

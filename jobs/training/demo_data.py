@@ -1,7 +1,7 @@
 """Build the small CPU dataset that configs/tiny.yaml trains on: the data pipeline's sample corpus,
 tokenized and packed at seq_len 128 (a few seconds, no downloads).
 
-    python -m training.demo_data /fsx/data/tokenized/sample
+    python -m training.demo_data /fsx/data/tokenized-sample
 """
 
 from __future__ import annotations

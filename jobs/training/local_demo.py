@@ -2,7 +2,7 @@
 
     PYTHONPATH=jobs .venv/bin/python -m training.local_demo      (from the repository root, cluster up)
 
-1. builds the tiny dataset on the stand-in FSx (/fsx/data/tokenized/sample) and the log folder
+1. builds the tiny dataset on the stand-in FSx (/fsx/data/tokenized-sample) and the log folder
    Slurm needs (/fsx/logs/model1); clears the stand-in's /fsx/checkpoints/model1 for a fresh run;
 2. ``sbatch --nodes=2 --gpus-per-node=0 jobs/train_model1.sh --config jobs/training/configs/tiny.yaml``;
 3. at step 20 sends SIGUSR1 to the job's steps, as ``--signal=USR1@600`` does before the time
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     fsx = Path(args.fsx)
 
-    demo_data.build(fsx / "data/tokenized/sample")
+    demo_data.build(fsx / "data/tokenized-sample")
     (fsx / "logs/model1").mkdir(parents=True, exist_ok=True)
     shutil.rmtree(fsx / "checkpoints/model1", ignore_errors=True)  # the local stand-in only
     metrics = fsx / "logs/model1/metrics.jsonl"

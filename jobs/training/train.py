@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, _write_atomic
+from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
 from .config import Config, ConfigError, load_config
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
@@ -34,7 +34,9 @@ log = logging.getLogger("training")
 
 def train(cfg: Config, d: distributed.Dist) -> str:
     """Run until ``train.steps`` or a stop request; returns the final status."""
-    stop = StopRequest()  # first, so a signal during start-up is not lost
+    # First: a signal during start-up is not lost, and the data-loader workers forked later inherit
+    # the handler, so Slurm's SIGTERM to every process of the step does not kill them before the save.
+    stop = StopRequest()
     if d.is_main:
         log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
 
@@ -123,7 +125,7 @@ def train(cfg: Config, d: distributed.Dist) -> str:
     metrics.event(kind=status, step=step, signal=stop.signal_name)
     metrics.close()
     if d.is_main:
-        _write_atomic(ckpt.dir / "STATUS", status + "\n")
+        write_atomic(ckpt.dir / "STATUS", status + "\n")
     return status
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 from conftest import SHORT
@@ -51,3 +52,21 @@ def test_killed_rank_ends_the_run_and_a_rerun_continues_exactly(run, tiny_data, 
     assert run.run(tiny_data, *SHORT) == 0, run.output[-4000:]
     assert "resumed from" in run.output
     assert run.losses() == reference_losses
+
+
+def test_fsdp_resume_from_a_checkpoint_continues_exactly(tmp_path, tiny_data):
+    """FSDP2 (sharded DTensor model and optimizer state): resume from step 4 of a run, compare steps 5-8."""
+    from conftest import Run
+
+    fsdp = ("train.parallelism=fsdp", "train.steps=8", "checkpoint.every=4", "log.interval=1",
+            "train.micro_batch_size=8", "optim.warmup_steps=2")
+    full = Run(tmp_path / "full")
+    assert full.run(tiny_data, *fsdp) == 0, full.output[-4000:]
+    resumed = Run(tmp_path / "resumed")
+    resumed.checkpoints.mkdir(parents=True)
+    shutil.copytree(full.checkpoints / "step_00000004", resumed.checkpoints / "step_00000004")
+    (resumed.checkpoints / "latest").write_text("step_00000004\n")
+    assert resumed.run(tiny_data, *fsdp) == 0, resumed.output[-4000:]
+    assert "resumed from" in resumed.output
+    expected = {s: v for s, v in full.losses().items() if s > 4}
+    assert resumed.losses() == expected and sorted(expected) == [5, 6, 7, 8]
