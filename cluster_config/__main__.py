@@ -3,6 +3,7 @@
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
   plan --env prod          print nodes/GPUs per model, hourly cost, FSx throughput vs demand
   validate --all           render every environment and load it with ParallelCluster's own schema
+  fsx-expected --env prod  print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh (provisioned MB/s per mount)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
-from cluster_config.plan import build_plan, format_plan
+from cluster_config.plan import build_plan, format_plan, fsx_expectations
 from cluster_config.render import ClusterResources, RenderError, render_cluster_config, to_yaml
 from cluster_config.settings import SettingsError, available_environments, load_settings
 
@@ -19,7 +20,8 @@ from cluster_config.settings import SettingsError, available_environments, load_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster_config", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("render", "print the cluster config"), ("plan", "print the multi-model plan")):
+    for name, help_text in (("render", "print the cluster config"), ("plan", "print the multi-model plan"),
+                            ("fsx-expected", "print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     validate = commands.add_parser("validate", help="check rendered configs against ParallelCluster's schema")
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             print(to_yaml(render_cluster_config(settings, ClusterResources.placeholders(settings))), end="")
         elif args.command == "plan":
             print(format_plan(build_plan(load_settings(args.env))))
+        elif args.command == "fsx-expected":
+            print(fsx_expectations(load_settings(args.env)))
         else:
             return _validate(available_environments() if args.all else [args.env])
     except (SettingsError, RenderError, SchemaNotInstalled) as exc:

@@ -98,3 +98,8 @@ def format_plan(plan: Plan) -> str:
             "if the loaders read less (e.g. they cache shards on the local NVMe)"
         )
     return "\n".join(lines)
+
+
+def fsx_expectations(settings: Settings) -> str:
+    """Provisioned throughput per mount as ``jobs/fsx_perf.sh`` reads it from ``FSX_EXPECTED_MB_S``."""
+    return ",".join(f"{fs.mount_dir}={fs.throughput_mb_s:.1f}" for fs in settings.storage.file_systems().values())

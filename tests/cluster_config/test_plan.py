@@ -73,3 +73,10 @@ def test_cli_plan_prints_the_table():
     assert "Plan for prod: 80 x p5e.48xlarge of max 80, reservation 80" in out
     assert "model7     llama2-70b      14   112     484.40" in out
     assert "total                      80   640   2,768.00" in out
+
+
+def test_cli_fsx_expected_prints_provisioned_throughput_per_mount():
+    out = subprocess.run([sys.executable, "-m", "cluster_config", "fsx-expected", "--env", "prod"],
+                         capture_output=True, text=True, check=True).stdout
+    # 7,200 GiB x 1,000 MB/s/TiB and 4,800 GiB x 500 MB/s/TiB
+    assert out.strip() == "/fsx/data=7031.2,/fsx/checkpoints=7031.2,/fsx/logs=2343.8"

@@ -6,6 +6,7 @@ import pytest
 
 from cluster_checks.fsx_report import (BELOW, FAILED, MISSING, NOT_COMPARED, OK, MountResult, assess, exit_code,
                                        parse_expectations, render_table, to_json)
+from cluster_config.plan import fsx_expectations
 from cluster_config.settings import load_settings
 
 
@@ -27,10 +28,8 @@ def test_bad_expectation_names_the_variable_and_the_format(spec):
 
 
 def test_expectations_built_from_the_settings_parse_back():
-    # The documented way to fill FSX_EXPECTED_MB_S from cluster_config (docs/storage_validation.md).
-    storage = load_settings("dev").storage
-    spec = ",".join(f"{fs.mount_dir}={fs.throughput_mb_s:.1f}" for fs in storage.file_systems().values())
-    expected = parse_expectations(spec)
+    # `python -m cluster_config fsx-expected --env dev` prints this (docs/storage_validation.md).
+    expected = parse_expectations(fsx_expectations(load_settings("dev")))
     # dev: 1200 GiB at 125 MB/s/TiB = 146.5 MB/s per file system
     assert expected == {"/fsx/data": 146.5, "/fsx/checkpoints": 146.5, "/fsx/logs": 146.5}
 
