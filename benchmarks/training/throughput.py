@@ -52,7 +52,9 @@ def _on_slurm() -> dict | None:
     demo_data.build(cluster.fsx / "data/tokenized-sample")
     (cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)
     root = f"benchmarks/training-{uuid.uuid4().hex[:8]}"
-    env = {"FSX_CHECKPOINTS": f"/fsx/{root}/checkpoints", "FSX_LOGS": f"/fsx/{root}/logs"}
+    # The two local "nodes" share this machine's cores: one thread per worker, as torchrun sets
+    # on the host fallback, instead of each node's worker using every core.
+    env = {"FSX_CHECKPOINTS": f"/fsx/{root}/checkpoints", "FSX_LOGS": f"/fsx/{root}/logs", "OMP_NUM_THREADS": "1"}
     job = cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=["--nodes=2", "--gpus-per-node=0"])
     try:
         state, code = cluster.wait(job, timeout=900)

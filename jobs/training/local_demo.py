@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {**os.environ, "JOBS_VENV": os.environ.get("JOBS_VENV", str(REPO / ".venv"))}
     cmd = ["sbatch", "--parsable", "--nodes=2", "--gpus-per-node=0", "jobs/train_model1.sh",
-           "--config", "jobs/training/configs/tiny.yaml", f"train.steps={args.steps}"]
+           "--config", "jobs/training/configs/tiny.yaml", f"train.steps={args.steps}", "log.interval=1"]
     print("$", " ".join(cmd))
     job = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
     deadline = time.monotonic() + args.timeout

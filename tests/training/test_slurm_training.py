@@ -184,3 +184,15 @@ def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterr
     assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
     assert "resumed from" in job.output()
     assert job.losses() == uninterrupted.losses()
+
+
+def test_local_demo_requeues_and_writes_the_loss_curve(slurm_cluster, fsx, tmp_path):
+    """What `make demo` runs: the real model1 directories on the stand-in FSx, interrupted once."""
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-m", "training.local_demo", "--fsx", str(fsx), "--steps", "30",
+                             "--interrupt-at", "10"], cwd=repo, env={**slurm_cluster.env, "PYTHONPATH": str(repo / "jobs")},
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"COMPLETED exit 0:0, restarts 1", result.stdout), result.stdout
+    png = fsx / "logs/model1/loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
