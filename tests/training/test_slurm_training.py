@@ -130,10 +130,28 @@ def s3(slurm_cluster):
     server.wait()
 
 
+# The nodes have no GPU: a stand-in nvidia-smi (the hardware boundary) lets the job start its GPU
+# monitor, so the test can see it run on every node and stop with the job.
+FAKE_NVIDIA_SMI = """#!/bin/bash
+if [[ $1 == -L ]]; then echo "GPU 0: Stand-in GPU (UUID: GPU-0)"; exit 0; fi
+echo "timestamp, index, utilization.gpu [%]"
+while true; do echo "$(date '+%Y/%m/%d %H:%M:%S'), 0, 0 %"; sleep 1; done
+"""
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster, fsx, s3) -> Job:
+def fake_gpu_bin(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("fake-gpu-bin")
+    (folder / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (folder / "nvidia-smi").chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_cluster, fsx, s3, fake_gpu_bin) -> Job:
     _, s3_env = s3
-    job = Job(slurm_cluster, "uninterrupted").submit(CHECKPOINT_S3_URI="s3://checkpoints-test/runs", **s3_env)
+    path = f"{fake_gpu_bin}:{slurm_cluster.env['PATH']}"
+    job = Job(slurm_cluster, "uninterrupted").submit(CHECKPOINT_S3_URI="s3://checkpoints-test/runs", PATH=path, **s3_env)
     state, code = job.wait()
     assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
     return job
@@ -145,9 +163,28 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     first, last = losses[1][0], losses[40][0]
     assert last < first - 1.0, (first, last)
     out = uninterrupted.output()
-    assert "model1 on 2 nodes x 1 workers" in out
+    assert "model1 on 2 nodes x 1 workers" in out  # one per (stand-in) GPU
     assert "status complete" in out
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
+
+
+def test_gpu_monitor_runs_on_every_node_and_stops_with_the_job(uninterrupted, fake_gpu_bin):
+    logs = uninterrupted.host_root / "logs/model1"
+    for node in ("node1", "node2"):
+        lines = (logs / f"gpu_{uninterrupted.id}_{node}.csv").read_text().splitlines()
+        assert lines[0].startswith("timestamp") and len(lines) >= 2, lines
+    assert _processes_running(str(fake_gpu_bin)) == []
+
+
+def _processes_running(needle: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
 
 
 def test_final_checkpoint_is_backed_up_once_and_verified(uninterrupted, s3):
