@@ -12,4 +12,5 @@ Modules:
   backup      copy the final checkpoint to S3 and verify it
   demo_data   the small CPU dataset for tests and the local cluster
   plot        loss curve PNG from a run's metrics.jsonl
+  local_demo  the local two-node Slurm demo: train, interrupt, requeue, resume, plot
 """

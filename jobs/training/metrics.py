@@ -41,7 +41,8 @@ class Metrics:
     """Accumulates one interval; ``log_interval`` is called on every rank (loss is averaged), writes on rank 0."""
 
     def __init__(self, *, log_dir: str, tensorboard_dir: str, is_main: bool, world_size: int, device: torch.device,
-                 tokens_per_step: int, flops_per_token: float, run_name: str, config: dict, wandb_project: str = ""):
+                 tokens_per_step: int, flops_per_token: float, run_name: str, config: dict, start_step: int = 0,
+                 wandb_project: str = ""):
         self.is_main, self.world_size, self.device = is_main, world_size, device
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.peak = peak_flops(device)
@@ -53,7 +54,8 @@ class Metrics:
             self._jsonl = open(Path(log_dir) / "metrics.jsonl", "a")
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(tensorboard_dir)
+            # A resumed run repeats the steps after its checkpoint: drop the earlier run's events for them.
+            self._tb = SummaryWriter(tensorboard_dir, purge_step=start_step or None)
             if os.environ.get("WANDB_API_KEY"):
                 import wandb  # optional: not in requirements-jobs.txt
 

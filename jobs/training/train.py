@@ -82,7 +82,7 @@ def train(cfg: Config, d: distributed.Dist) -> str:
                       world_size=d.world_size, device=d.device,
                       tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
                       flops_per_token=flops_per_token(model_config, cfg.data.seq_len), run_name=cfg.name,
-                      config=cfg.to_dict(), wandb_project=cfg.log.wandb_project)
+                      config=cfg.to_dict(), start_step=step, wandb_project=cfg.log.wandb_project)
     metrics.event(kind="start", step=step, world_size=d.world_size, resumed=step > 0)
     batches = iter(loader)
     stopping = False

@@ -29,6 +29,11 @@ def test_missing_shard_is_refused_by_name(run, tiny_data, tmp_path):
 def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_data):
     assert run.run(tiny_data, *SHORT, nproc=1) == 0, run.output[-3000:]
     assert "no checkpoint in" in run.output and "starting from step 0" in run.output
+    record = [r for r in run.records() if "loss" in r][-1]  # the metrics every interval reports
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "step_time_s", "data_wait_pct",
+            "checkpoint_block_s", "memory_gib", "samples_crc"} <= set(record)
+    assert "mfu_pct" not in record  # GPU only
+    assert list((run.logs / "tensorboard").glob("events.out.tfevents.*"))
     meta_file = run.checkpoints / "step_00000003/train_meta.json"
     meta = json.loads(meta_file.read_text())
     meta_file.write_text(json.dumps({**meta, "preset": "llama2-7b", "hidden": 4096, "layers": 32}))
