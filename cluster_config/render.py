@@ -293,6 +293,8 @@ def _directory_setup_action(
         "--checkpoints", file_systems["checkpoints"].mount_dir,
         "--logs", file_systems["logs"].mount_dir,
         "--jobs-uri", f"s3://{resources.assets_bucket}/{JOBS_PREFIX}",
+        # Where training backs its final checkpoints up (CHECKPOINT_S3_URI in the jobs' environment).
+        "--checkpoint-uri", f"s3://{resources.checkpoint_bucket}",
     ]
     if local_cache:
         args += ["--local-cache", LOCAL_CACHE_DIR]

@@ -4,6 +4,12 @@
 # same scripts run on ParallelCluster and on the local test cluster.
 # shellcheck shell=bash
 
+# What the deployment knows (CHECKPOINT_S3_URI: the checkpoint bucket), written by the node setup.
+if [[ -f ${CLUSTER_ENV:-/opt/llm-jobs/cluster.env} ]]; then
+  # shellcheck disable=SC1090
+  source "${CLUSTER_ENV:-/opt/llm-jobs/cluster.env}"
+fi
+
 # FSx for Lustre mount points (ParallelCluster SharedStorage MountDir, see cluster_config/).
 export FSX_DATA="${FSX_DATA:-/fsx/data}"
 export FSX_CHECKPOINTS="${FSX_CHECKPOINTS:-/fsx/checkpoints}"

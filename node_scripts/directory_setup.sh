@@ -4,12 +4,13 @@
 # the jobs' Python environment. Idempotent; every run appends to one log.
 #
 #   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR]
-#                      [--jobs-uri s3://BUCKET/jobs/] [--timeout SECONDS] MODEL...
+#                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET]
+#                      [--timeout SECONDS] MODEL...
 #
 # The cluster config passes the mount points from the settings (one truth with jobs/env.sh) and
 # the models sharing the cluster. Per model it creates:
 #   $CHECKPOINTS/<model>/                       wide striping (large parallel writes)
-#   $LOGS/<model>/{slurm,tensorboard}/          one stripe (many small appends)
+#   $LOGS/<model>/{,tensorboard/}                one stripe (Slurm logs, metrics: many small appends)
 # and, shared by all models, $DATA/{raw,tokenized}/ with wide striping and $LOGS/validation/ with one.
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
@@ -78,7 +79,7 @@ lustre_runtime_tuning() {
 install_jobs() {
   # Head node only: the bundle and the venv live on the shared EBS volume at $JOBS_HOME, which
   # every compute node mounts over NFS; building them once keeps PyPI traffic off node boots.
-  local jobs_uri="$1" bundle="$JOBS_HOME/bundle" venv="$JOBS_HOME/venv" requirements stamp
+  local jobs_uri="$1" checkpoint_uri="$2" bundle="$JOBS_HOME/bundle" venv="$JOBS_HOME/venv" requirements stamp
   [[ -n "$jobs_uri" ]] || die "head node: --jobs-uri is required to install the jobs bundle"
   install -d -m 0755 "$bundle"
   aws s3 sync --only-show-errors --delete "$jobs_uri" "$bundle/jobs"
@@ -96,11 +97,14 @@ install_jobs() {
     echo "$stamp" >"$venv/.requirements.sha256"
     log "jobs venv $venv built from $requirements"
   fi
+  # What only the deployment knows, for jobs/env.sh to pick up on every node.
+  printf '# Written by directory_setup.sh; sourced by jobs/env.sh.\nexport CHECKPOINT_S3_URI=%q\n' \
+    "$checkpoint_uri" >"$JOBS_HOME/cluster.env"
   log "jobs bundle in $bundle: cd $bundle && sbatch jobs/<script>.sh"
 }
 
 main() {
-  local data="" checkpoints="" logs="" local_cache="" jobs_uri="" timeout=600
+  local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" timeout=600
   local models=()
   while (($#)); do
     case "$1" in
@@ -109,6 +113,7 @@ main() {
       --logs) logs="${2:?}"; shift ;;
       --local-cache) local_cache="${2:?}"; shift ;;
       --jobs-uri) jobs_uri="${2:?}"; shift ;;
+      --checkpoint-uri) checkpoint_uri="${2:?}"; shift ;;
       --timeout) timeout="${2:?}"; shift ;;
       --*) usage ;;
       *) models+=("$1") ;;
@@ -148,7 +153,6 @@ main() {
   for model in "${models[@]}"; do
     make_dir "$checkpoints/$model" wide
     make_dir "$logs/$model" narrow
-    make_dir "$logs/$model/slurm" narrow
     make_dir "$logs/$model/tensorboard" narrow
   done
   log "directory tree ready for ${#models[@]} model(s)"
@@ -163,7 +167,7 @@ main() {
   fi
 
   if [[ "$node_type" == HeadNode ]]; then
-    install_jobs "$jobs_uri"
+    install_jobs "$jobs_uri" "$checkpoint_uri"
   fi
   log "done"
 }

@@ -177,6 +177,7 @@ def test_custom_actions_run_the_shipped_scripts_with_the_models_as_arguments():
         assert configured["Args"][-len(models):] == models
         args = configured["Args"]
         assert args[args.index("--data") + 1] == "/fsx/data"
+        assert args[args.index("--checkpoint-uri") + 1] == f"s3://{resources.checkpoint_bucket}"
     assert config["HeadNode"]["CustomActions"]["OnNodeUpdated"] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]
 
 

@@ -79,8 +79,7 @@ def test_directory_setup_builds_the_per_model_tree_owned_by_the_cluster_user(nod
     assert proc.returncode == 0, proc.stderr
     entries = tree(proc)
     # find prints paths relative to each root; the roots are data, checkpoints, logs in that order.
-    for expected in ("raw", "tokenized", "validation", "model1", "model7", "model1/slurm", "model1/tensorboard",
-                     "model7/tensorboard"):
+    for expected in ("raw", "tokenized", "validation", "model1", "model7", "model1/tensorboard", "model7/tensorboard"):
         assert entries[expected] == ("nobody", "2775"), (expected, entries)
     log = (node / "log" / "llm-directory-setup.log").read_text()
     assert "directory tree ready for 2 model(s)" in log
@@ -123,9 +122,9 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     lines = calls.read_text().splitlines()
     assert f"setstripe -c -1 -S 4M {node / 'data' / 'tokenized'}" in lines
     assert f"setstripe -c -1 -S 4M {node / 'checkpoints' / 'model1'}" in lines
-    assert f"setstripe -c 1 {node / 'logs' / 'model1' / 'slurm'}" in lines
+    assert f"setstripe -c 1 {node / 'logs' / 'model1' / 'tensorboard'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'validation'}" in lines
-    assert len(lines) == 2 + 1 + 1 + 3  # data/{raw,tokenized}, validation logs, model1 checkpoints + 3 log folders
+    assert len(lines) == 2 + 1 + 1 + 2  # data/{raw,tokenized}, validation logs, model1 checkpoints + 2 log folders
 
 
 @needs_mount_namespace
@@ -146,10 +145,15 @@ def test_head_node_installs_the_jobs_bundle_and_builds_the_venv_once(node):
     aws.write_text(f'#!/bin/sh\nset -e\nfor last; do :; done\nmkdir -p "$last"\ncp -r {bundle_source}/. "$last"/\n')
     aws.chmod(0o755)
     extra = {"JOBS_PYTHON": sys.executable}
-    first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
+    first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "--checkpoint-uri", "s3://ckpt-bucket",
+                                "model1", extra_env=extra)
     assert first.returncode == 0, first.stderr
     venv = node / "jobs_home" / "venv"
     assert (node / "jobs_home" / "bundle" / "jobs" / "env.sh").is_file()
+    # jobs/env.sh sources this on every node: the training backup's destination.
+    sourced = subprocess.run(["bash", "-c", f"source {node / 'jobs_home' / 'cluster.env'}; echo $CHECKPOINT_S3_URI"],
+                             capture_output=True, text=True, check=True)
+    assert sourced.stdout.strip() == "s3://ckpt-bucket"
     assert (venv / "bin" / "python").exists()
     second = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
     assert second.returncode == 0, second.stderr
