@@ -60,5 +60,9 @@ demo: deps  ## synth + validate every environment, then run the job payloads on 
 test: deps  ## run every test
 	$(PY) -m pytest
 
+bench: deps  ## run every benchmark; figures in benchmarks/results/*.json (training's needs the local cluster)
+	$(PY) -m benchmarks.data_pipeline
+	$(PY) -m benchmarks.training
+
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf cdk.out benchmarks/results

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine (`make demo`, after `make deps`):
+#   1. synthesize every environment offline, cdk-nag + cfn-lint   (scripts/synth_all.sh)
+#   2. render every ParallelCluster config, check it against ParallelCluster's schema, print the plan
+#   3. local two-node Slurm cluster: smoke test + collective benchmark   (local_cluster/demo.sh)
+#   4. data pipeline: sample corpus -> tokenize job array -> validate -> loader speed   (jobs/data_pipeline/demo.sh)
+#   5. training: 2 nodes, tiny model, interrupted by the time-limit signal, requeued, resumed, loss curve
+#   6. storage checks: FSx performance job and input-pipeline diagnosis
+# Stops at the first failing step. The local cluster stays up afterwards (`make cluster-down`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+# shellcheck disable=SC1091
+source .venv/bin/activate
+export JOBS_VENV="$REPO/.venv"          # the nodes run this venv from the shared file system
+export PYTHONPATH="$REPO/jobs${PYTHONPATH:+:$PYTHONPATH}"
+FSX_HOST="$REPO/.local_cluster/fsx"     # what the nodes see as /fsx
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "1/6 Synthesize every environment (cdk synth, cdk-nag, cfn-lint)"
+scripts/synth_all.sh
+
+step "2/6 ParallelCluster config of every environment against ParallelCluster's schema"
+python -m cluster_config validate --all
+python -m cluster_config plan --env prod
+
+step "3/6 Local two-node Slurm cluster: smoke test and collective benchmark"
+local_cluster/demo.sh --max-bytes 4M
+
+step "4/6 Data pipeline: tokenize job array on the cpu partition"
+DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
+
+step "5/6 Training: sbatch jobs/train_model1.sh on 2 nodes (tiny preset), interrupt, requeue, resume"
+python -m training.local_demo --fsx "$FSX_HOST"
+
+step "6/6 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
+# Small sizes for a laptop-sized machine (the real defaults are sized for Lustre), compared with
+# what dev provisions. Exit code 2 means a mount measured below it: a finding, not a failure here.
+fsx_rc=0
+FSX_EXPECTED_MB_S=$(python -m cluster_config fsx-expected --env dev) \
+  FSX_PERF_XFER=1m FSX_PERF_BLOCK=16m FSX_PERF_FILES_PER_TASK=200 FSX_PERF_SECONDS=20 \
+  sbatch --wait --ntasks-per-node=2 --exclusive=user jobs/fsx_perf.sh >/dev/null || fsx_rc=$?
+((fsx_rc == 0 || fsx_rc == 2)) || { echo "fsx_perf.sh failed (exit $fsx_rc)" >&2; exit 1; }
+fsx_log=$(ls -t "$FSX_HOST"/logs/validation/fsx-perf_*.out | head -n 1)
+sed -n '/^mount /,/^$/p' "$fsx_log"
+sbatch --wait --exclusive=user jobs/input_diagnosis.sh --steps 6 --batches 50 >/dev/null
+diag_log=$(ls -t "$FSX_HOST"/logs/validation/input-diagnosis_*.out | head -n 1)
+sed -n '/loader alone/,$p' "$diag_log"
+
+step "Done"
+cat <<EOF
+templates:          cdk.out/<env>/
+cluster configs:    python -m cluster_config render --env <env>
+job logs and plots: $FSX_HOST/logs/  (validation/, model1/loss.png)
+shards:             $FSX_HOST/data/demo/tokenized
+checkpoints:        $FSX_HOST/checkpoints/model1
+the local cluster is still up: sinfo, squeue; make cluster-down to stop it
+EOF
