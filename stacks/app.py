@@ -50,6 +50,7 @@ def add_stacks(app: cdk.App, settings: Settings) -> dict[str, cdk.Stack]:
 
     nag.add_checks(app)
     nag.acknowledge_network(network)
+    nag.acknowledge_bucket_deployment(cluster)
     return {"network": network, "storage": storage, "cluster": cluster}
 
 

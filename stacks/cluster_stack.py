@@ -8,14 +8,12 @@ CloudFormation custom resource.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudformation as cfn, aws_s3_deployment as s3deploy
-import jsii
-from constructs import Construct, IValidation
+from constructs import Construct
 
 from cluster_config.plan import build_plan, format_plan
 from cluster_config.render import (
@@ -28,7 +26,6 @@ from cluster_config.render import (
     render_cluster_config,
 )
 from cluster_config.settings import Settings
-from stacks import nag
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
 
@@ -114,7 +111,6 @@ class ClusterStack(cdk.Stack):
             # The nodes fetch their scripts and the jobs bundle at boot: upload before creating.
             for deployment in self.deployments.values():
                 self.cluster.node.add_dependency(deployment)
-        self._acknowledge_findings()
 
     def _create_cluster(self, settings: Settings) -> cdk.CustomResource:
         """ParallelCluster's own provider (a nested stack it publishes per region and version) creates it."""
@@ -141,62 +137,3 @@ class ClusterStack(cdk.Stack):
         cdk.CfnOutput(self, "HeadNodeInstanceId", value=cluster.get_att_string("headNode.instanceId"))
         cdk.CfnOutput(self, "ValidationMessages", value=cluster.get_att_string("validationMessages"))
         return cluster
-
-    def _acknowledge_findings(self) -> None:
-        """CDK's bucket deployment function (one per stack) has findings that are CDK's design."""
-        handler = next(c for c in self.node.children if c.node.id.startswith("Custom::CDKBucketDeployment"))
-        nag.acknowledge(
-            handler,
-            "AwsSolutions::AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
-            "CDK's bucket deployment function logs through the AWS managed basic execution policy.",
-        )
-        nag.acknowledge(
-            handler,
-            "AwsSolutions::AwsSolutions-L1",
-            "aws-cdk-lib chooses and updates the runtime of its bucket deployment function with each release.",
-        )
-        policy = handler.node.find_child("ServiceRole").node.find_child("DefaultPolicy")
-        # The object wildcards name buckets through cross-stack references, known only once CDK has
-        # resolved them: acknowledge them in a validation, which runs after that and before cdk-nag.
-        policy.node.add_validation(_AcknowledgeObjectWildcards(policy))
-
-
-@jsii.implements(IValidation)
-class _AcknowledgeObjectWildcards:
-    """Acknowledge CDK's s3 action families and ``<bucket>/*`` resources in the deployment policy, nothing else."""
-
-    ACTION_FAMILIES = ("s3:GetBucket*", "s3:GetObject*", "s3:List*", "s3:Abort*", "s3:DeleteObject*")
-
-    def __init__(self, policy: Construct) -> None:
-        self.policy = policy
-
-    def validate(self) -> list[str]:
-        stack = cdk.Stack.of(self.policy)
-        document = stack.resolve(self.policy.node.default_child.policy_document)
-        reason = (
-            "CDK's bucket deployment function reads the CDK asset bucket and rewrites one prefix of the "
-            "assets bucket; object keys are not known in advance, so it is granted bucket/* there only."
-        )
-        for statement in document["Statement"]:
-            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            for action in actions:
-                if action in self.ACTION_FAMILIES:
-                    nag.acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Action::{action}]", reason)
-            if not all(action.startswith("s3:") for action in actions):
-                continue
-            for resource in resources:
-                text = _flatten(resource)
-                if text.endswith("/*"):
-                    nag.acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Resource::{text}]", reason)
-        return []
-
-
-def _flatten(value) -> str:
-    """A resolved CloudFormation value as cdk-nag prints it (Fn::Join joined, other intrinsics as JSON)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and "Fn::Join" in value:
-        separator, parts = value["Fn::Join"]
-        return separator.join(_flatten(part) for part in parts)
-    return json.dumps(value, separators=(",", ":"))

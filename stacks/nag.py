@@ -1,4 +1,4 @@
-"""cdk-nag (3.x) AwsSolutions checks and every acknowledged finding, each with its reason.
+"""cdk-nag (3.x) AwsSolutions checks and every acknowledged finding of every stack, each with its reason.
 
 Findings make synth fail (they are reported in ``cdk.out/<env>/validation-report.json``). A
 finding is accepted only through ``acknowledge()``, on the narrowest construct that has it, with a
@@ -7,9 +7,12 @@ written reason. cdk-nag 3 matches granular findings one by one: ``AwsSolutions-I
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
+import jsii
 from cdk_nag import AwsSolutionsChecks
-from constructs import IConstruct
+from constructs import Construct, IConstruct, IValidation
 
 from stacks.network_stack import NetworkStack
 
@@ -35,3 +38,62 @@ def acknowledge_network(network: NetworkStack) -> None:
             "The zone is the capacity reservation's zone from the settings; the reserved GPUs exist only there.",
         )
 
+
+def acknowledge_bucket_deployment(stack: cdk.Stack) -> None:
+    """CDK's bucket deployment function (one per stack, used by the cluster stack) has findings that are CDK's design."""
+    handler = next(c for c in stack.node.children if c.node.id.startswith("Custom::CDKBucketDeployment"))
+    acknowledge(
+        handler,
+        "AwsSolutions::AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
+        "CDK's bucket deployment function logs through the AWS managed basic execution policy.",
+    )
+    acknowledge(
+        handler,
+        "AwsSolutions::AwsSolutions-L1",
+        "aws-cdk-lib chooses and updates the runtime of its bucket deployment function with each release.",
+    )
+    policy = handler.node.find_child("ServiceRole").node.find_child("DefaultPolicy")
+    # The object wildcards name buckets through cross-stack references, known only once CDK has
+    # resolved them: acknowledge them in a validation, which runs after that and before cdk-nag.
+    policy.node.add_validation(_AcknowledgeObjectWildcards(policy))
+
+
+@jsii.implements(IValidation)
+class _AcknowledgeObjectWildcards:
+    """Acknowledge CDK's s3 action families and ``<bucket>/*`` resources in the deployment policy, nothing else."""
+
+    ACTION_FAMILIES = ("s3:GetBucket*", "s3:GetObject*", "s3:List*", "s3:Abort*", "s3:DeleteObject*")
+
+    def __init__(self, policy: Construct) -> None:
+        self.policy = policy
+
+    def validate(self) -> list[str]:
+        stack = cdk.Stack.of(self.policy)
+        document = stack.resolve(self.policy.node.default_child.policy_document)
+        reason = (
+            "CDK's bucket deployment function reads the CDK asset bucket and rewrites one prefix of the "
+            "assets bucket; object keys are not known in advance, so it is granted bucket/* there only."
+        )
+        for statement in document["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            for action in actions:
+                if action in self.ACTION_FAMILIES:
+                    acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Action::{action}]", reason)
+            if not all(action.startswith("s3:") for action in actions):
+                continue
+            for resource in resources:
+                text = _flatten(resource)
+                if text.endswith("/*"):
+                    acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Resource::{text}]", reason)
+        return []
+
+
+def _flatten(value) -> str:
+    """A resolved CloudFormation value as cdk-nag prints it (Fn::Join joined, other intrinsics as JSON)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(_flatten(part) for part in parts)
+    return json.dumps(value, separators=(",", ":"))
