@@ -84,7 +84,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {row.name:<10} {row.preset:<12} {row.nodes:>5} {row.gpus:>5} {row.cost_per_hour_usd:>10,.2f}")
     lines.append(f"  {'total':<10} {'':<12} {plan.nodes:>5} {plan.gpus:>5} {plan.cost_per_hour_usd:>10,.2f}")
     lines.append(
-        f"  FSx throughput MB/s: " + ", ".join(f"{key} {value:,.0f}" for key, value in plan.throughput_mb_s.items())
+        "  FSx throughput MB/s: " + ", ".join(f"{key} {value:,.0f}" for key, value in plan.throughput_mb_s.items())
     )
     ratio = plan.data_throughput_mb_s / plan.data_demand_mb_s if plan.data_demand_mb_s else float("inf")
     lines.append(

@@ -3,45 +3,26 @@
 import hashlib
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import boto3
 import pytest
 
 from dp_helpers import run_module
+from tests.s3_server import FAKE_AWS_ENV, s3_server
 
 BUCKET = "training-data"
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    server.terminate()
-    server.wait(10)
+def s3_endpoint():
+    with s3_server() as url:
+        yield url
 
 
 @pytest.fixture
 def s3_env(s3_endpoint, tmp_path):
     """Environment of the CLI: fake credentials, no metadata service, no local AWS config."""
-    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_ENDPOINT_URL": s3_endpoint, "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    return {**FAKE_AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "AWS_CONFIG_FILE": str(tmp_path / "none"),
             "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
 
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import boto3
 import pytest
 from boto3.s3.transfer import TransferConfig
 
+from tests.s3_server import FAKE_AWS_ENV, s3_server
 from training import backup as backup_mod
 from training.backup import BackupError, backup
 
@@ -21,25 +20,13 @@ BUCKET = "ckpt-backup-test"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    client = boto3.client("s3")
-    for _ in range(100):
-        try:
-            client.create_bucket(Bucket=BUCKET)
-            break
-        except Exception:
-            time.sleep(0.1)
-    yield client
-    server.terminate()
-    server.wait()
+    with s3_server() as url:
+        env = {**FAKE_AWS_ENV, "AWS_ENDPOINT_URL_S3": url}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=BUCKET)
+        yield client
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)

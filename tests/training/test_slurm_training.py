@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from tests.s3_server import FAKE_AWS_ENV, s3_server
 from training import demo_data
 
 pytestmark = pytest.mark.slurm
@@ -109,25 +109,12 @@ def s3(slurm_cluster):
     config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
     found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config)
     assert found, config
-    host = found.group(1)
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", host, "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}"}
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
-    for _ in range(100):
-        try:
-            client.create_bucket(Bucket="checkpoints-test")
-            break
-        except Exception:
-            time.sleep(0.1)
-    yield client, env
-    server.terminate()
-    server.wait()
+    with s3_server(found.group(1)) as url:
+        env = {**FAKE_AWS_ENV, "AWS_ENDPOINT_URL_S3": url}
+        client = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket="checkpoints-test")
+        yield client, env
 
 
 # The nodes have no GPU: a stand-in nvidia-smi (the hardware boundary) lets the job start its GPU
