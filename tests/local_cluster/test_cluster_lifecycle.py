@@ -11,6 +11,7 @@ import pytest
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 OUR_LINKS = ("lcbr0", "lcveth1", "lcveth2")
+OUR_STATE = f"{Path(__file__).resolve().parents[2]}/.local_cluster/"  # munged of this checkout's cluster
 OUR_NETNS = ("lc-node1", "lc-node2")
 
 
@@ -25,7 +26,7 @@ def daemons() -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if comm in ("slurmctld", "slurmd") or (comm == "munged" and ".local_cluster" in cmdline):
+        if comm in ("slurmctld", "slurmd") or (comm == "munged" and OUR_STATE in cmdline):
             found.append(f"{comm} {proc.name}")
     return found
 
