@@ -60,8 +60,9 @@ demo: deps  ## synth + validate every environment, then run the job payloads on 
 test: deps  ## run every test
 	$(PY) -m pytest
 
-bench: deps  ## run every benchmark; figures in benchmarks/results/*.json (training's needs the local cluster)
+bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.data_pipeline
+	local_cluster/cluster.sh up  # the training benchmark's data-wait figure comes from a two-node run
 	$(PY) -m benchmarks.training
 
 clean:  ## remove build outputs (keeps the venv)
