@@ -1,7 +1,17 @@
 """Cluster validation helpers run by the sbatch payloads in jobs/.
 
+Network (jobs/collectives.sh, jobs/nccl_tests.sh):
 - ``collectives``: torch.distributed collective benchmark with per-rank correctness checks.
 - ``nccl_tests``: parser for nccl-tests output and the EFA transport check.
 - ``results``: the shared result row, bus-bandwidth formulas, table / CSV / JSON output.
 - ``plot``: bus bandwidth vs message size as a PNG.
+
+Storage (jobs/fsx_perf.sh):
+- ``fsx_perf``: runs IOR + mdtest (or fio) on every mount.
+- ``io_results``: parsers for IOR, mdtest and fio output.
+- ``fsx_report``: measured vs provisioned throughput, the summary table and JSON.
+
+Input pipeline (jobs/input_diagnosis.sh):
+- ``input_diagnosis``: measures the loader, host-to-device copies and real training steps.
+- ``input_verdict``: the pure verdict (loader-, copy- or compute-bound) and the setting to change.
 """
