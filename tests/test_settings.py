@@ -3,29 +3,9 @@
 from pathlib import Path
 
 import pytest
-import yaml
 
-from cluster_config.settings import CONFIG_DIR, SettingsError, available_environments, load_settings
-
-
-def write_env(config_dir: Path, env_name: str = "prod", **changes) -> Path:
-    """Write ``<config_dir>/<name>.yaml``: the shipped prod.yaml with ``changes`` applied.
-
-    A change is ``dotted__path=value`` (``gpu_queue__max_count=90``); the value ``DELETE`` removes the key.
-    """
-    raw = yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text())
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = raw
-        for key in parents:
-            node = node[key]
-        if value == "DELETE":
-            del node[leaf]
-        else:
-            node[leaf] = value
-    path = config_dir / f"{env_name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+from cluster_config.settings import SettingsError, available_environments, load_settings
+from tests.settings_files import write_env
 
 
 def rejection(tmp_path: Path, env_name: str = "prod", **changes) -> str:

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cluster_config.pcluster_schema import DEFAULT_TARGET, REPO_ROOT, SchemaResult, check_configs
 from cluster_config.render import ClusterResources, render_cluster_config, to_yaml
 from cluster_config.settings import CONFIG_DIR, Settings, load_settings
+from tests.settings_files import write_env as write_env_file
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -47,13 +47,9 @@ def env_results(check_schema) -> dict[str, SchemaResult]:
     return results
 
 
-def _write_env(tmp_dir: Path, base: str, **changes) -> Path:
-    """A config dir holding ``base``'s settings with top-level ``changes``; returns the dir."""
-    raw = yaml.safe_load((CONFIG_DIR / f"{base}.yaml").read_text())
-    raw.update(changes)
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    (tmp_dir / f"{base}.yaml").write_text(yaml.safe_dump(raw))
-    return tmp_dir
+def _write_env(config_dir: Path, env_name: str, **changes) -> Path:
+    """A config dir holding ``env_name``'s settings with ``changes`` (see tests/settings_files.py); returns the dir."""
+    return write_env_file(config_dir, env_name, **changes).parent
 
 
 @pytest.fixture(scope="session")
