@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from . import distributed
 from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, config_keys, load_config
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
 from .optim import build_optimizer, lr_at, set_lr
@@ -150,14 +150,16 @@ def _restore(state: dict, model, optimizer, loader, d: distributed.Dist) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="config keys (section.key=default  meaning):\n" + config_keys())
     parser.add_argument("--config", help="YAML config file (see jobs/training/configs/)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)  # overrides may come before and after a later --config
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     d = distributed.init(cfg.train.timeout_s)
     logging.basicConfig(level=logging.INFO if d.is_main else logging.WARNING,
