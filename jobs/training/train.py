@@ -81,7 +81,7 @@ class Trainer:
                                world_size=d.world_size, device=d.device,
                                tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
                                flops_per_token=flops_per_token(model_config, cfg.data.seq_len), run_name=cfg.name,
-                               config=cfg.to_dict(), start_step=self.step,
+                               config=cfg.to_dict(), start_step=self.step, total_steps=cfg.train.steps,
                                wandb_project=cfg.log.wandb_project)
 
     def train(self) -> str:
