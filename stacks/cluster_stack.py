@@ -23,6 +23,8 @@ from cluster_config.render import (
     PCLUSTER_VERSION,
     ClusterResources,
     config_key,
+    models_file,
+    models_key,
     render_cluster_config,
 )
 from cluster_config.settings import Settings
