@@ -96,4 +96,6 @@ def _flatten(value) -> str:
     if isinstance(value, dict) and "Fn::Join" in value:
         separator, parts = value["Fn::Join"]
         return separator.join(_flatten(part) for part in parts)
+    if isinstance(value, dict) and "Fn::ImportValue" in value:  # a strong cross-stack reference: its export name
+        return value["Fn::ImportValue"]
     return json.dumps(value, separators=(",", ":"))

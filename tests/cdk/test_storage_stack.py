@@ -81,12 +81,12 @@ def test_file_systems_are_persistent_2_sized_from_the_settings_in_the_compute_su
         "PerUnitStorageThroughput": wanted.throughput_per_tib,
         "DataCompressionType": wanted.data_compression,
     }
-    # The subnet and security group come from the network stack's outputs: follow them back.
-    outputs = each_env.template_json("network")["Outputs"]
+    # The subnet and security group are the network stack's exports (strong references): follow them back.
+    exports = {o["Export"]["Name"]: o["Value"] for o in each_env.template_json("network")["Outputs"].values() if "Export" in o}
     (subnet,) = props["SubnetIds"]
     (group,) = props["SecurityGroupIds"]
-    assert outputs[subnet["Fn::GetStackOutput"]["OutputName"]]["Value"] == network.resolve(network.compute_subnet.subnet_id)
-    assert outputs[group["Fn::GetStackOutput"]["OutputName"]]["Value"] == network.resolve(network.fsx_sg.security_group_id)
+    assert exports[subnet["Fn::ImportValue"]] == network.resolve(network.compute_subnet.subnet_id)
+    assert exports[group["Fn::ImportValue"]] == network.resolve(network.fsx_sg.security_group_id)
 
 
 def test_file_system_ids_and_mount_names_are_outputs(each_env):

@@ -20,12 +20,13 @@ def deployments(synth) -> dict[str, dict]:
 
 
 def producer(synth, value) -> tuple[str, str]:
-    """(stack part, resource type) a Fn::GetStackOutput reference comes from."""
-    ref = value["Fn::GetStackOutput"]
-    part = ref["StackName"].rsplit("-", 1)[-1]
-    output = synth.templates[part]["Outputs"][ref["OutputName"]]["Value"]
-    logical_id = output["Ref"] if "Ref" in output else output["Fn::GetAtt"][0]
-    return part, synth.templates[part]["Resources"][logical_id]["Type"]
+    """(stack part, resource type) a strong cross-stack reference (Fn::ImportValue of an export) comes from."""
+    for part, template in synth.templates.items():
+        for output in template.get("Outputs", {}).values():
+            if output.get("Export", {}).get("Name") == value["Fn::ImportValue"]:
+                logical_id = output["Value"]["Ref"] if "Ref" in output["Value"] else output["Value"]["Fn::GetAtt"][0]
+                return part, template["Resources"][logical_id]["Type"]
+    raise AssertionError(f"no stack exports {value['Fn::ImportValue']}")
 
 
 def marker_sources(synth) -> list[tuple[str, str]]:
@@ -34,7 +35,7 @@ def marker_sources(synth) -> list[tuple[str, str]]:
     for marker in markers:
         for value in marker.values():
             for part in value["Fn::Join"][1]:
-                if isinstance(part, dict) and "Fn::GetStackOutput" in part:
+                if isinstance(part, dict) and "Fn::ImportValue" in part:
                     found.append(producer(synth, part))
     return found
 
