@@ -28,6 +28,9 @@ JOBS_PREFIX = "jobs/"
 CONFIG_PREFIX = "cluster/"
 NODE_SETUP_SCRIPT = "node_setup.sh"  # OnNodeStart
 DIRECTORY_SETUP_SCRIPT = "directory_setup.sh"  # OnNodeConfigured (and OnNodeUpdated on the head node)
+# The model list travels as a file next to the config, not as script arguments: ParallelCluster
+# refuses any change to OnNodeConfigured on a running cluster, so those arguments never change,
+# while OnNodeUpdated (allowed to change) carries the list's digest and makes an update refresh it.
 
 # Shared EBS volume the head node exports over NFS: the jobs bundle and the jobs' Python
 # environment, built once by the head node (jobs/env.sh defaults JOBS_VENV to <this>/venv).
@@ -122,6 +125,15 @@ def config_key(settings: Settings) -> str:
     return f"{CONFIG_PREFIX}{settings.cluster_name}.yaml"
 
 
+def models_key(settings: Settings) -> str:
+    return f"{CONFIG_PREFIX}{settings.cluster_name}.models"
+
+
+def models_file(settings: Settings) -> str:
+    """The model list the nodes read (one name a line); the cluster stack ships it next to the config."""
+    return "".join(f"{model.name}\n" for model in settings.models)
+
+
 def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
     return {
         "InstanceType": settings.head_node.instance_type,
@@ -143,8 +155,10 @@ def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any
         "CustomActions": {
             "OnNodeStart": _node_setup_action(settings, resources),
             "OnNodeConfigured": _directory_setup_action(settings, resources),
-            # `pcluster update-cluster` re-runs it: a redeployed jobs bundle reaches the cluster.
-            "OnNodeUpdated": _directory_setup_action(settings, resources),
+            # Every cluster update re-runs it: a redeployed jobs bundle and a changed model list reach
+            # the cluster. The list's digest is the one argument that differs: a changed list changes
+            # the config, so the update (and this script) runs even when nothing else changed.
+            "OnNodeUpdated": _directory_setup_action(settings, resources, models_digest=True),
         },
     }
 
@@ -178,7 +192,7 @@ def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         compute_resource["CapacityReservationTarget"] = {"CapacityReservationId": queue.capacity_reservation.id}
     return {
         "Name": queue.name,
-        "CapacityType": "ONDEMAND",
+        "CapacityType": queue.capacity_type,  # CAPACITY_BLOCK for a Capacity Block for ML
         "JobExclusiveAllocation": True,  # training jobs own whole nodes (GPUs, EFA, NVMe cache)
         "ComputeResources": [compute_resource],
         "ComputeSettings": {
@@ -285,7 +299,7 @@ def _node_setup_action(settings: Settings, resources: ClusterResources) -> dict[
 
 
 def _directory_setup_action(
-    settings: Settings, resources: ClusterResources, *, local_cache: bool = False
+    settings: Settings, resources: ClusterResources, *, local_cache: bool = False, models_digest: bool = False
 ) -> dict[str, Any]:
     file_systems = settings.storage.file_systems()
     args = [
@@ -298,7 +312,10 @@ def _directory_setup_action(
     ]
     if local_cache:
         args += ["--local-cache", LOCAL_CACHE_DIR]
-    return {"Script": script_uri(resources, DIRECTORY_SETUP_SCRIPT), "Args": args + [model.name for model in settings.models]}
+    args += ["--models-uri", f"s3://{resources.assets_bucket}/{models_key(settings)}"]
+    if models_digest:
+        args += ["--models-sha256", hashlib.sha256(models_file(settings).encode()).hexdigest()]
+    return {"Script": script_uri(resources, DIRECTORY_SETUP_SCRIPT), "Args": args}
 
 
 def _ssm_policy(resources: ClusterResources) -> dict[str, str]:

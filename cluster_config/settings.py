@@ -15,10 +15,13 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cluster_config.offerings import check_offered
+
 CONFIG_DIR = Path(__file__).resolve().parent
 
-# FSx for Lustre PERSISTENT_2: 1.2 TiB, 2.4 TiB, then increments of 2.4 TiB (values in GiB).
-FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)  # MB/s per TiB of storage
+# FSx for Lustre SSD, both persistent types: 1.2 TiB, 2.4 TiB, then increments of 2.4 TiB (values in GiB).
+# MB/s per TiB of storage each deployment type offers.
+FSX_THROUGHPUTS = {"PERSISTENT_2": (125, 250, 500, 1000), "PERSISTENT_1": (50, 100, 200)}
 
 
 class SettingsError(ValueError):
@@ -65,6 +68,10 @@ class HeadNodeSettings(_Strict):
 class CapacityReservationSettings(_Strict):
     id: str
     instance_count: int = Field(gt=0)
+    # odcr: an On-Demand Capacity Reservation (nodes start and stop at will, CapacityType ONDEMAND).
+    # capacity_block: a Capacity Block for ML (fixed dates; CapacityType CAPACITY_BLOCK, and
+    # ParallelCluster needs every node static: min_count == max_count). Both ids start with cr-.
+    kind: Literal["odcr", "capacity_block"] = "odcr"
 
     @field_validator("id")
     @classmethod
@@ -109,7 +116,19 @@ class GpuQueueSettings(_Strict):
                 f"max_count {self.max_count} is above the capacity reservation's instance_count "
                 f"{reservation.instance_count}; lower max_count to {reservation.instance_count} or enlarge the reservation"
             )
+        if reservation and reservation.kind == "capacity_block" and self.min_count != self.max_count:
+            raise ValueError(
+                f"min_count {self.min_count} differs from max_count {self.max_count}, but capacity_reservation.kind is "
+                f"capacity_block: ParallelCluster launches a Capacity Block's nodes only as static nodes; "
+                f"set min_count: {self.max_count} (or use kind: odcr for an On-Demand Capacity Reservation)"
+            )
         return self
+
+    @property
+    def capacity_type(self) -> str:
+        """ParallelCluster's queue CapacityType for this reservation."""
+        reservation = self.capacity_reservation
+        return "CAPACITY_BLOCK" if reservation and reservation.kind == "capacity_block" else "ONDEMAND"
 
 
 class CpuQueueSettings(_Strict):
@@ -143,17 +162,9 @@ class FileSystemSettings(_Strict):
             below = 1200 if above <= 2400 else above - 2400
             nearest = f"{below} or {above}" if below != above else f"{above}"
             raise ValueError(
-                f"{value} GiB is not a valid PERSISTENT_2 size; use 1200, 2400 or a multiple of 2400 "
+                f"{value} GiB is not a valid FSx for Lustre persistent SSD size; use 1200, 2400 or a multiple of 2400 "
                 f"(nearest: {nearest})"
             )
-        return value
-
-    @field_validator("throughput_per_tib")
-    @classmethod
-    def _throughput(cls, value: int) -> int:
-        if value not in FSX_PERSISTENT_2_THROUGHPUTS:
-            allowed = ", ".join(map(str, FSX_PERSISTENT_2_THROUGHPUTS))
-            raise ValueError(f"{value} MB/s/TiB is not offered for PERSISTENT_2; use one of {allowed}")
         return value
 
     @field_validator("mount_dir")
@@ -170,6 +181,9 @@ class FileSystemSettings(_Strict):
 
 
 class StorageSettings(_Strict):
+    # PERSISTENT_2 (default): S3 links are data repository associations. PERSISTENT_1: for regions
+    # without PERSISTENT_2; the file system's own ImportPath/ExportPath/AutoImportPolicy link S3.
+    deployment_type: Literal["PERSISTENT_2", "PERSISTENT_1"] = "PERSISTENT_2"
     data: FileSystemSettings
     checkpoints: FileSystemSettings
     logs: FileSystemSettings
@@ -181,6 +195,13 @@ class StorageSettings(_Strict):
         mounts = [self.data.mount_dir, self.checkpoints.mount_dir, self.logs.mount_dir]
         if len(set(mounts)) != len(mounts):
             raise ValueError(f"mount_dir values must differ, got {mounts}")
+        offered = FSX_THROUGHPUTS[self.deployment_type]
+        for name, fs in self.file_systems().items():
+            if fs.throughput_per_tib not in offered:
+                raise ValueError(
+                    f"{name}.throughput_per_tib: {fs.throughput_per_tib} MB/s/TiB is not offered for "
+                    f"{self.deployment_type}; use one of {', '.join(map(str, offered))} (deployment_type sets the tiers)"
+                )
         return self
 
     def file_systems(self) -> dict[str, FileSystemSettings]:
@@ -249,6 +270,14 @@ class Settings(_Strict):
         names = [model.name for model in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"models: names must be unique, got {names}")
+        offered = check_offered(self.region, {
+            "head_node.instance_type": self.head_node.instance_type,
+            "gpu_queue.instance_type": self.gpu_queue.instance_type,
+            "cpu_queue.instance_type": self.cpu_queue.instance_type,
+        })
+        if offered:
+            # One line per key; the region's offerings ship in cluster_config/instance_offerings.json.
+            raise ValueError("\n  ".join(offered))
         planned = sum(model.nodes for model in self.models)
         if planned > self.gpu_queue.max_count:
             raise ValueError(
@@ -300,7 +329,8 @@ def _describe(path: Path, exc: ValidationError) -> str:
             message = "required; add it"
         else:
             message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {message}")
+        # Cross-field checks name their keys themselves.
+        lines.append(f"  {message}" if where == "(top level)" else f"  {where}: {message}")
     return "\n".join(lines)
 
 

@@ -5,10 +5,14 @@
 #
 #   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR]
 #                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET]
-#                      [--timeout SECONDS] MODEL...
+#                      [--models-uri s3://BUCKET/cluster/NAME.models [--models-sha256 HEX]]
+#                      [--timeout SECONDS] [MODEL...]
 #
 # The cluster config passes the mount points from the settings (one truth with jobs/env.sh) and
-# the models sharing the cluster. Per model it creates:
+# where the list of models sharing the cluster lies (one name a line, shipped by the cluster stack;
+# a file, because ParallelCluster never lets OnNodeConfigured arguments change on a running cluster).
+# OnNodeUpdated adds the list's SHA-256: a changed list changes the config, so an update re-runs
+# this script, which checks it fetched that very list. Models may also be named as arguments. Per model it creates:
 #   $CHECKPOINTS/<model>/                       wide striping (large parallel writes)
 #   $LOGS/<model>/{,tensorboard/}                one stripe (Slurm logs, metrics: many small appends)
 # and, shared by all models, $DATA/{raw,tokenized}/ with wide striping and $LOGS/validation/ with one.
@@ -33,8 +37,23 @@ NARROW_STRIPE=(-c 1)       # one OST: logs
 log() { printf '%s directory_setup: %s\n' "$(date -u +%FT%TZ)" "$*" | tee -a "$LOG_FILE" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 usage() {
-  echo "usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--jobs-uri S3URI] [--timeout SECONDS] MODEL..." >&2
+  echo "usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--jobs-uri S3URI] [--models-uri S3URI [--models-sha256 HEX]] [--timeout SECONDS] [MODEL...]" >&2
   exit 2
+}
+
+# Print the model names of the list at $1 (an s3:// URI), after checking its SHA-256 when $2 is set.
+fetch_models() {
+  local uri="$1" want="$2" file got
+  file="$(mktemp)"
+  aws s3 cp --only-show-errors "$uri" "$file" \
+    || { rm -f "$file"; die "cannot read the model list $uri; check that the cluster stack is deployed and the node may read the assets bucket"; }
+  got="$(sha256sum "$file" | cut -d' ' -f1)"
+  if [[ -n "$want" && "$got" != "$want" ]]; then
+    rm -f "$file"
+    die "the model list at $uri has SHA-256 $got, the cluster config expects $want; redeploy the cluster stack (it uploads the list before it updates the cluster)"
+  fi
+  cat "$file"
+  rm -f "$file"
 }
 
 # Wait until every directory is a mount point of type $FSX_FSTYPE, or fail after $timeout seconds.
@@ -105,6 +124,7 @@ install_jobs() {
 
 main() {
   local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" timeout=600
+  local models_uri="" models_sha256="" name
   local models=()
   while (($#)); do
     case "$1" in
@@ -114,6 +134,8 @@ main() {
       --local-cache) local_cache="${2:?}"; shift ;;
       --jobs-uri) jobs_uri="${2:?}"; shift ;;
       --checkpoint-uri) checkpoint_uri="${2:?}"; shift ;;
+      --models-uri) models_uri="${2:?}"; shift ;;
+      --models-sha256) models_sha256="${2:?}"; shift ;;
       --timeout) timeout="${2:?}"; shift ;;
       --*) usage ;;
       *) models+=("$1") ;;
@@ -122,11 +144,18 @@ main() {
   done
   [[ -n "$data" && -n "$checkpoints" && -n "$logs" ]] || usage
   [[ "$timeout" =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds, got '$timeout'"
+  mkdir -p "$LOG_DIR"
+  if [[ -n "$models_uri" ]]; then
+    local listed
+    listed="$(fetch_models "$models_uri" "$models_sha256")" || exit 1
+    while read -r name; do
+      [[ -z "$name" ]] || models+=("$name")
+    done <<<"$listed"
+  fi
   local model
   for model in "${models[@]}"; do
     [[ "$model" =~ ^[a-z][a-z0-9-]{0,30}$ ]] || die "model name '$model' is not lowercase letters, digits and '-' (it names directories)"
   done
-  mkdir -p "$LOG_DIR"
 
   local node_type="" cluster_user=""
   if [[ -f "$CFNCONFIG" ]]; then

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import aws_cdk as cdk
-from aws_cdk import aws_cloudformation as cfn, aws_s3_deployment as s3deploy
+from aws_cdk import aws_cloudformation as cfn, aws_iam as iam, aws_s3 as s3, aws_s3_deployment as s3deploy
 from constructs import Construct
 
 from cluster_config.plan import build_plan, format_plan
@@ -23,13 +23,19 @@ from cluster_config.render import (
     PCLUSTER_VERSION,
     ClusterResources,
     config_key,
+    models_file,
+    models_key,
     render_cluster_config,
 )
 from cluster_config.settings import Settings
+from stacks import nag
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The provider's own resources (a Lambda, its role and log group) deploy in minutes; a stuck nested
+# stack should fail the deploy long before CloudFormation's default of no timeout.
+PROVIDER_TIMEOUT_MINUTES = 30
 ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache"]
 
 
@@ -87,7 +93,11 @@ class ClusterStack(cdk.Stack):
             self,
             "ClusterConfig",
             # yaml_data resolves the tokens at deploy: the object holds the real subnet, group and FSx ids.
-            sources=[s3deploy.Source.yaml_data(config_key(settings).removeprefix(CONFIG_PREFIX), self.config)],
+            # The model list the node scripts read goes with it (see render.models_key).
+            sources=[
+                s3deploy.Source.yaml_data(config_key(settings).removeprefix(CONFIG_PREFIX), self.config),
+                s3deploy.Source.data(models_key(settings).removeprefix(CONFIG_PREFIX), models_file(settings)),
+            ],
             destination_bucket=bucket,
             destination_key_prefix=CONFIG_PREFIX,
         )
@@ -106,14 +116,27 @@ class ClusterStack(cdk.Stack):
             ),
         )
 
-        self.cluster = self._create_cluster(settings) if settings.create_cluster else None
+        self.cluster = self._create_cluster(settings, bucket) if settings.create_cluster else None
         if self.cluster is not None:
             # The nodes fetch their scripts and the jobs bundle at boot: upload before creating.
             for deployment in self.deployments.values():
                 self.cluster.node.add_dependency(deployment)
 
-    def _create_cluster(self, settings: Settings) -> cdk.CustomResource:
+    def _create_cluster(self, settings: Settings, assets_bucket: s3.IBucket) -> cdk.CustomResource:
         """ParallelCluster's own provider (a nested stack it publishes per region and version) creates it."""
+        # The provider's Lambda validates the config like `pcluster create-cluster`, which reads the
+        # node scripts' S3 URLs; its own policies cover only parallelcluster-* buckets, so it would get
+        # AccessDenied on the assets bucket. The template's AdditionalIamPolicies parameter adds this one.
+        read_assets = iam.ManagedPolicy(
+            self,
+            "PclusterProviderReadAssets",
+            description="ParallelCluster's provider Lambda reads the node scripts in the assets bucket",
+            statements=[
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=[assets_bucket.arn_for_objects(f"{NODE_SCRIPTS_PREFIX}*")]),
+                iam.PolicyStatement(actions=["s3:GetBucketLocation", "s3:ListBucket"], resources=[assets_bucket.bucket_arn]),
+            ],
+        )
+        nag.acknowledge_provider_policy(read_assets)
         provider = cfn.CfnStack(
             self,
             "PclusterProvider",
@@ -121,6 +144,8 @@ class ClusterStack(cdk.Stack):
                 f"https://{settings.region}-aws-parallelcluster.s3.{settings.region}.{cdk.Aws.URL_SUFFIX}"
                 f"/parallelcluster/{PCLUSTER_VERSION}/templates/custom_resource/cluster.yaml"
             ),
+            parameters={"AdditionalIamPolicies": read_assets.managed_policy_arn},
+            timeout_in_minutes=PROVIDER_TIMEOUT_MINUTES,
         )
         cluster = cdk.CustomResource(
             self,

@@ -55,25 +55,34 @@ def acknowledge_bucket_deployment(stack: cdk.Stack) -> None:
     policy = handler.node.find_child("ServiceRole").node.find_child("DefaultPolicy")
     # The object wildcards name buckets through cross-stack references, known only once CDK has
     # resolved them: acknowledge them in a validation, which runs after that and before cdk-nag.
-    policy.node.add_validation(_AcknowledgeObjectWildcards(policy))
+    policy.node.add_validation(_AcknowledgeObjectWildcards(policy, (
+        "CDK's bucket deployment function reads the CDK asset bucket and rewrites one prefix of the "
+        "assets bucket; object keys are not known in advance, so it is granted bucket/* there only."
+    )))
+
+
+def acknowledge_provider_policy(policy: Construct) -> None:
+    """The policy the cluster stack gives ParallelCluster's provider Lambda (create_cluster: true)."""
+    policy.node.add_validation(_AcknowledgeObjectWildcards(policy, (
+        "ParallelCluster's provider Lambda checks the node scripts' S3 URLs; it may read objects under "
+        "the node_scripts/ prefix of the assets bucket, whose script names the config chooses."
+    )))
 
 
 @jsii.implements(IValidation)
 class _AcknowledgeObjectWildcards:
-    """Acknowledge CDK's s3 action families and ``<bucket>/*`` resources in the deployment policy, nothing else."""
+    """Acknowledge CDK's s3 action families and ``<bucket>/*`` resources in one policy, nothing else."""
 
     ACTION_FAMILIES = ("s3:GetBucket*", "s3:GetObject*", "s3:List*", "s3:Abort*", "s3:DeleteObject*")
 
-    def __init__(self, policy: Construct) -> None:
+    def __init__(self, policy: Construct, reason: str) -> None:
         self.policy = policy
+        self.reason = reason
 
     def validate(self) -> list[str]:
         stack = cdk.Stack.of(self.policy)
         document = stack.resolve(self.policy.node.default_child.policy_document)
-        reason = (
-            "CDK's bucket deployment function reads the CDK asset bucket and rewrites one prefix of the "
-            "assets bucket; object keys are not known in advance, so it is granted bucket/* there only."
-        )
+        reason = self.reason
         for statement in document["Statement"]:
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
@@ -96,4 +105,6 @@ def _flatten(value) -> str:
     if isinstance(value, dict) and "Fn::Join" in value:
         separator, parts = value["Fn::Join"]
         return separator.join(_flatten(part) for part in parts)
+    if isinstance(value, dict) and "Fn::ImportValue" in value:  # a strong cross-stack reference: its export name
+        return value["Fn::ImportValue"]
     return json.dumps(value, separators=(",", ":"))

@@ -35,7 +35,14 @@ class StorageStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.RETAIN,
             server_access_logs=False,
         )
-        self.data_bucket = self._bucket("DataBucket", removal_policy=cdk.RemovalPolicy.RETAIN)
+        # Versioned: CPU nodes write (and may delete) shards here, and with PERSISTENT_1 the file system
+        # exports into it; a mistaken delete or overwrite stays recoverable for 30 days.
+        self.data_bucket = self._bucket(
+            "DataBucket",
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            versioned=True,
+            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30))],
+        )
         self.checkpoint_bucket = self._bucket(
             "CheckpointBucket",
             removal_policy=cdk.RemovalPolicy.RETAIN,
@@ -50,23 +57,28 @@ class StorageStack(cdk.Stack):
         )
 
         storage = settings.storage
+        # PERSISTENT_2 links S3 through data repository associations; PERSISTENT_1 (for regions without
+        # PERSISTENT_2) through the file system's own ImportPath/ExportPath/AutoImportPolicy.
+        persistent_1 = storage.deployment_type == "PERSISTENT_1"
+        repositories = {"data": self.data_bucket, "checkpoints": self.checkpoint_bucket} if persistent_1 else {}
         self.file_systems: dict[str, fsx.CfnFileSystem] = {
-            name: self._file_system(name, fs_settings, settings, network)
+            name: self._file_system(name, fs_settings, settings, network, repositories.get(name))
             for name, fs_settings in storage.file_systems().items()
         }
-        self._link(
-            "DataLink",
-            self.file_systems["data"],
-            self.data_bucket,
-            auto_import=ALL_EVENTS,
-        )
-        self._link(
-            "CheckpointLink",
-            self.file_systems["checkpoints"],
-            self.checkpoint_bucket,
-            auto_import=["NEW", "CHANGED"],
-            auto_export=ALL_EVENTS,
-        )
+        if not persistent_1:
+            self._link(
+                "DataLink",
+                self.file_systems["data"],
+                self.data_bucket,
+                auto_import=ALL_EVENTS,
+            )
+            self._link(
+                "CheckpointLink",
+                self.file_systems["checkpoints"],
+                self.checkpoint_bucket,
+                auto_import=["NEW", "CHANGED"],
+                auto_export=ALL_EVENTS,
+            )
 
         for name, file_system in self.file_systems.items():
             title = name.capitalize()
@@ -105,12 +117,21 @@ class StorageStack(cdk.Stack):
         )
 
     def _file_system(
-        self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack
+        self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack, repository: s3.Bucket | None
     ) -> fsx.CfnFileSystem:
+        # PERSISTENT_1 only: the bucket linked at the file system level. Both buckets are imported
+        # (metadata listed, contents loaded on first read) and followed as they change; the export
+        # path is the bucket's root, so `lfs hsm_archive` or a data repository task writes back in place.
+        # PERSISTENT_1 has no automatic export: docs/cdk.md says how checkpoints reach S3 then.
+        linked = {}
+        if repository is not None:
+            uri = f"s3://{repository.bucket_name}"
+            linked = {"import_path": uri, "export_path": uri, "auto_import_policy": "NEW_CHANGED_DELETED"}
         lustre = fsx.CfnFileSystem.LustreConfigurationProperty(
-            deployment_type="PERSISTENT_2",
+            deployment_type=settings.storage.deployment_type,
             per_unit_storage_throughput=fs.throughput_per_tib,
             data_compression_type=fs.data_compression,
+            **linked,
         )
         file_system = fsx.CfnFileSystem(
             self,

@@ -44,17 +44,71 @@ def test_unknown_nested_key_is_rejected_with_allowed_keys(tmp_path):
 @pytest.mark.parametrize(
     ("capacity", "nearest"), [(3000, "2400 or 4800"), (1000, "1200"), (7000, "4800 or 7200")]
 )
-def test_fsx_capacity_must_be_a_persistent_2_increment(tmp_path, capacity, nearest):
+def test_fsx_capacity_must_be_a_persistent_increment(tmp_path, capacity, nearest):
     message = rejection(tmp_path, storage__checkpoints__storage_capacity_gib=capacity)
     assert (
-        f"storage.checkpoints.storage_capacity_gib: {capacity} GiB is not a valid PERSISTENT_2 size; "
+        f"storage.checkpoints.storage_capacity_gib: {capacity} GiB is not a valid FSx for Lustre persistent SSD size; "
         f"use 1200, 2400 or a multiple of 2400 (nearest: {nearest})"
     ) in message
 
 
 def test_fsx_throughput_must_be_an_offered_tier(tmp_path):
     message = rejection(tmp_path, storage__logs__throughput_per_tib=200)
-    assert "storage.logs.throughput_per_tib: 200 MB/s/TiB is not offered for PERSISTENT_2; use one of 125, 250, 500, 1000" in message
+    assert "storage: logs.throughput_per_tib: 200 MB/s/TiB is not offered for PERSISTENT_2; use one of 125, 250, 500, 1000" in message
+
+
+def test_persistent_1_has_its_own_throughput_tiers(tmp_path):
+    # Prod's 1000 MB/s/TiB exists only for PERSISTENT_2: switching the type alone is caught.
+    message = rejection(tmp_path, storage__deployment_type="PERSISTENT_1")
+    assert "storage: data.throughput_per_tib: 1000 MB/s/TiB is not offered for PERSISTENT_1; use one of 50, 100, 200" in message
+    tiers = {"storage_capacity_gib": 2400, "throughput_per_tib": 200}
+    write_env(tmp_path, storage__deployment_type="PERSISTENT_1", storage__data={**tiers, "mount_dir": "/fsx/data"},
+              storage__checkpoints={**tiers, "mount_dir": "/fsx/checkpoints"}, storage__logs={**tiers, "mount_dir": "/fsx/logs"})
+    assert load_settings("prod", config_dir=tmp_path).storage.deployment_type == "PERSISTENT_1"
+
+
+def test_unknown_fsx_deployment_type_is_rejected(tmp_path):
+    message = rejection(tmp_path, storage__deployment_type="PERSISTENT")
+    assert "storage.deployment_type: Input should be 'PERSISTENT_2' or 'PERSISTENT_1'" in message
+
+
+def test_instance_types_the_region_does_not_offer_are_rejected_with_alternatives(tmp_path):
+    # The finding that would have failed prod's deploy: c6i is not offered in ap-southeast-3.
+    message = rejection(tmp_path, head_node__instance_type="c6i.4xlarge", cpu_queue__instance_type="c6i.8xlarge")
+    assert "  head_node.instance_type: c6i.4xlarge is not offered in ap-southeast-3; offered there: c7i.4xlarge," in message
+    assert "  cpu_queue.instance_type: c6i.8xlarge is not offered in ap-southeast-3; offered there: c7i.8xlarge," in message
+    # Reservation-only GPU types count as offered (moto's offerings data, not the price list).
+    assert "gpu_queue.instance_type" not in message
+
+
+def test_alternatives_keep_the_processor_architecture(tmp_path):
+    message = rejection(tmp_path, cpu_queue__instance_type="c6i.8xlarge")
+    offered = message.split("offered there: ")[1]
+    assert "c7g" not in offered and "c8g" not in offered  # Graviton would need another AMI
+
+
+def test_region_without_offerings_data_says_how_to_refresh(tmp_path):
+    message = rejection(tmp_path, region="xx-north-9", availability_zone="xx-north-9a")
+    assert "no instance offerings data for 'xx-north-9'" in message
+    assert "scripts/refresh_instance_offerings.py" in message
+
+
+def test_capacity_block_needs_static_nodes(tmp_path):
+    # A Capacity Block with min_count 0 would render an ONDEMAND-style dynamic queue that never launches.
+    message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="capacity_block")
+    assert "gpu_queue: min_count 0 differs from max_count 80, but capacity_reservation.kind is capacity_block" in message
+    assert "set min_count: 80" in message
+
+
+def test_capacity_block_with_static_nodes_loads(tmp_path):
+    write_env(tmp_path, gpu_queue__capacity_reservation__kind="capacity_block", gpu_queue__min_count=80)
+    queue = load_settings("prod", config_dir=tmp_path).gpu_queue
+    assert queue.capacity_type == "CAPACITY_BLOCK"
+
+
+def test_reservation_kind_must_be_known(tmp_path):
+    message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="spot")
+    assert "gpu_queue.capacity_reservation.kind: Input should be 'odcr' or 'capacity_block'" in message
 
 
 def test_max_count_above_the_reservation_is_rejected(tmp_path):

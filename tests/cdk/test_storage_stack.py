@@ -47,12 +47,15 @@ def test_buckets_log_access_to_the_access_log_bucket(each_env):
     assert "LoggingConfiguration" not in resource(each_env, "storage", storage.access_log_bucket)["Properties"]
 
 
-def test_only_the_checkpoint_bucket_is_versioned_and_old_versions_expire(each_env):
+def test_data_and_checkpoint_buckets_are_versioned_and_old_versions_expire(each_env):
+    # CPU nodes may delete from the data bucket, and file systems export into both: versions make a
+    # mistaken delete recoverable (checkov CKV_AWS_21 found the data bucket unversioned).
     storage = each_env.stacks["storage"]
-    checkpoints = resource(each_env, "storage", storage.checkpoint_bucket)["Properties"]
-    assert checkpoints["VersioningConfiguration"] == {"Status": "Enabled"}
-    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"} in checkpoints["LifecycleConfiguration"]["Rules"]
-    for name in ("data_bucket", "assets_bucket", "access_log_bucket"):
+    for name in ("data_bucket", "checkpoint_bucket"):
+        bucket = resource(each_env, "storage", getattr(storage, name))["Properties"]
+        assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}, name
+        assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"} in bucket["LifecycleConfiguration"]["Rules"]
+    for name in ("assets_bucket", "access_log_bucket"):
         assert "VersioningConfiguration" not in resource(each_env, "storage", getattr(storage, name))["Properties"]
 
 
@@ -81,12 +84,12 @@ def test_file_systems_are_persistent_2_sized_from_the_settings_in_the_compute_su
         "PerUnitStorageThroughput": wanted.throughput_per_tib,
         "DataCompressionType": wanted.data_compression,
     }
-    # The subnet and security group come from the network stack's outputs: follow them back.
-    outputs = each_env.template_json("network")["Outputs"]
+    # The subnet and security group are the network stack's exports (strong references): follow them back.
+    exports = {o["Export"]["Name"]: o["Value"] for o in each_env.template_json("network")["Outputs"].values() if "Export" in o}
     (subnet,) = props["SubnetIds"]
     (group,) = props["SecurityGroupIds"]
-    assert outputs[subnet["Fn::GetStackOutput"]["OutputName"]]["Value"] == network.resolve(network.compute_subnet.subnet_id)
-    assert outputs[group["Fn::GetStackOutput"]["OutputName"]]["Value"] == network.resolve(network.fsx_sg.security_group_id)
+    assert exports[subnet["Fn::ImportValue"]] == network.resolve(network.compute_subnet.subnet_id)
+    assert exports[group["Fn::ImportValue"]] == network.resolve(network.fsx_sg.security_group_id)
 
 
 def test_file_system_ids_and_mount_names_are_outputs(each_env):
@@ -139,3 +142,37 @@ def test_shipped_environments_compress_with_lz4(dev, prod):
     for app in (dev, prod):
         for file_system in by_type(app, "storage", "AWS::FSx::FileSystem").values():
             assert file_system["Properties"]["LustreConfiguration"]["DataCompressionType"] == "LZ4"
+
+
+@pytest.fixture(scope="module")
+def persistent_1(tmp_path_factory):
+    """dev with storage.deployment_type PERSISTENT_1 (for regions without PERSISTENT_2), synthesized."""
+    import json
+
+    from stacks.app import build_app
+    from tests.settings_files import write_env
+
+    tiers = {"storage_capacity_gib": 1200, "throughput_per_tib": 200}
+    config_dir = write_env(tmp_path_factory.mktemp("settings"), "dev", storage__deployment_type="PERSISTENT_1",
+                           storage__data={**tiers, "mount_dir": "/fsx/data"},
+                           storage__checkpoints={**tiers, "mount_dir": "/fsx/checkpoints"},
+                           storage__logs={**tiers, "mount_dir": "/fsx/logs"}).parent
+    outdir = tmp_path_factory.mktemp("cdk-p1")
+    built = build_app("dev", config_dir=config_dir, outdir=str(outdir))
+    built.app.synth()  # cdk-nag included
+    storage = built.stacks["storage"]
+    return storage, json.loads((outdir / f"{storage.artifact_id}.template.json").read_text())
+
+
+def test_persistent_1_links_buckets_through_the_file_systems_own_import_and_export_paths(persistent_1):
+    storage, template = persistent_1
+    assert not [r for r in template["Resources"].values() if r["Type"] == "AWS::FSx::DataRepositoryAssociation"]
+    lustre = {name: template["Resources"][storage.get_logical_id(fs)]["Properties"]["LustreConfiguration"]
+              for name, fs in storage.file_systems.items()}
+    for name, bucket in (("data", storage.data_bucket), ("checkpoints", storage.checkpoint_bucket)):
+        url = {"Fn::Join": ["", ["s3://", {"Ref": storage.get_logical_id(bucket.node.default_child)}]]}
+        assert lustre[name]["DeploymentType"] == "PERSISTENT_1"
+        assert lustre[name]["PerUnitStorageThroughput"] == 200
+        assert (lustre[name]["ImportPath"], lustre[name]["ExportPath"]) == (url, url)
+        assert lustre[name]["AutoImportPolicy"] == "NEW_CHANGED_DELETED"
+    assert lustre["logs"] == {"DeploymentType": "PERSISTENT_1", "PerUnitStorageThroughput": 200, "DataCompressionType": "LZ4"}

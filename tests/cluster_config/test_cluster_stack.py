@@ -20,12 +20,13 @@ def deployments(synth) -> dict[str, dict]:
 
 
 def producer(synth, value) -> tuple[str, str]:
-    """(stack part, resource type) a Fn::GetStackOutput reference comes from."""
-    ref = value["Fn::GetStackOutput"]
-    part = ref["StackName"].rsplit("-", 1)[-1]
-    output = synth.templates[part]["Outputs"][ref["OutputName"]]["Value"]
-    logical_id = output["Ref"] if "Ref" in output else output["Fn::GetAtt"][0]
-    return part, synth.templates[part]["Resources"][logical_id]["Type"]
+    """(stack part, resource type) a strong cross-stack reference (Fn::ImportValue of an export) comes from."""
+    for part, template in synth.templates.items():
+        for output in template.get("Outputs", {}).values():
+            if output.get("Export", {}).get("Name") == value["Fn::ImportValue"]:
+                logical_id = output["Value"]["Ref"] if "Ref" in output["Value"] else output["Value"]["Fn::GetAtt"][0]
+                return part, template["Resources"][logical_id]["Type"]
+    raise AssertionError(f"no stack exports {value['Fn::ImportValue']}")
 
 
 def marker_sources(synth) -> list[tuple[str, str]]:
@@ -34,7 +35,7 @@ def marker_sources(synth) -> list[tuple[str, str]]:
     for marker in markers:
         for value in marker.values():
             for part in value["Fn::Join"][1]:
-                if isinstance(part, dict) and "Fn::GetStackOutput" in part:
+                if isinstance(part, dict) and "Fn::ImportValue" in part:
                     found.append(producer(synth, part))
     return found
 
@@ -95,6 +96,7 @@ def test_create_cluster_uses_parallelclusters_custom_resource(dev_create_cluster
     template = dev_create_cluster_synth.templates["cluster"]
     (provider_id, provider), = dev_create_cluster_synth.resources("cluster", "AWS::CloudFormation::Stack").items()
     assert "/parallelcluster/3.16.1/templates/custom_resource/cluster.yaml" in json.dumps(provider["Properties"]["TemplateURL"])
+    assert provider["Properties"]["TimeoutInMinutes"] == 30
     (cluster,) = dev_create_cluster_synth.resources("cluster", "Custom::PclusterCluster").values()
     props = cluster["Properties"]
     assert props["ServiceToken"] == {"Fn::GetAtt": [provider_id, "Outputs.ServiceToken"]}
@@ -104,6 +106,18 @@ def test_create_cluster_uses_parallelclusters_custom_resource(dev_create_cluster
     deployments_ids = set(dev_create_cluster_synth.resources("cluster", "Custom::CDKBucketDeployment"))
     assert deployments_ids <= set(cluster["DependsOn"])  # scripts and bundle are uploaded first
     assert "HeadNodeInstanceId" in template["Outputs"]
+
+
+def test_provider_may_read_the_node_scripts_it_validates(dev_create_cluster_synth):
+    """Its own policies cover parallelcluster-* buckets only: the node script URL check needs this policy."""
+    (provider,) = dev_create_cluster_synth.resources("cluster", "AWS::CloudFormation::Stack").values()
+    policy_ref = provider["Properties"]["Parameters"]["AdditionalIamPolicies"]
+    policy = dev_create_cluster_synth.templates["cluster"]["Resources"][policy_ref["Ref"]]
+    assert policy["Type"] == "AWS::IAM::ManagedPolicy"
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert [s["Action"] for s in statements] == ["s3:GetObject", ["s3:GetBucketLocation", "s3:ListBucket"]]
+    assert producer(dev_create_cluster_synth, statements[0]["Resource"]["Fn::Join"][1][0]) == ("storage", "AWS::S3::Bucket")
+    assert statements[0]["Resource"]["Fn::Join"][1][-1] == "/node_scripts/*"
 
 
 def test_create_cluster_turns_on_termination_protection(dev_create_cluster_synth):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from cluster_config.render import (
     NODE_SETUP_SCRIPT,
     ClusterResources,
     RenderError,
+    models_file,
     render_cluster_config,
 )
 from cluster_config.settings import CONFIG_DIR, available_environments, load_settings
@@ -165,20 +167,50 @@ def test_queue_s3_access_is_least_privilege():
         assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
 
 
-def test_custom_actions_run_the_shipped_scripts_with_the_models_as_arguments():
+def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_file():
     settings = load_settings("prod")
     resources = ClusterResources.placeholders(settings)
     config = render_cluster_config(settings, resources)
-    models = [m.name for m in settings.models]
+    models_uri = f"s3://{resources.assets_bucket}/cluster/llm-prod.models"
     for node in (config["HeadNode"], *config["Scheduling"]["SlurmQueues"]):
         start, configured = node["CustomActions"]["OnNodeStart"], node["CustomActions"]["OnNodeConfigured"]
         assert start["Script"] == f"s3://{resources.assets_bucket}/node_scripts/{NODE_SETUP_SCRIPT}"
         assert configured["Script"] == f"s3://{resources.assets_bucket}/node_scripts/{DIRECTORY_SETUP_SCRIPT}"
-        assert configured["Args"][-len(models):] == models
         args = configured["Args"]
         assert args[args.index("--data") + 1] == "/fsx/data"
         assert args[args.index("--checkpoint-uri") + 1] == f"s3://{resources.checkpoint_bucket}"
-    assert config["HeadNode"]["CustomActions"]["OnNodeUpdated"] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]
+        assert args[args.index("--models-uri") + 1] == models_uri
+        assert not set(args) & {m.name for m in settings.models}  # no model name in OnNodeConfigured
+    assert models_file(settings) == "".join(f"{m.name}\n" for m in settings.models)
+    updated = config["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"]
+    assert updated[:-2] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"]
+    assert updated[-2:] == ["--models-sha256", hashlib.sha256(models_file(settings).encode()).hexdigest()]
+
+
+def test_changing_the_model_list_changes_only_on_node_updated(tmp_path, write_env):
+    """ParallelCluster refuses OnNodeConfigured changes on a running cluster; OnNodeUpdated may change."""
+    base = render("prod")
+    raw = yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text())
+    raw["models"][-1]["nodes"] = 7
+    raw["models"].append({"name": "model8", "nodes": 7, "preset": "llama2-13b"})
+    config_dir = write_env(tmp_path, "prod", models=raw["models"])
+    changed = render_cluster_config(load_settings("prod", config_dir), ClusterResources.placeholders(load_settings("prod")))
+    for path in (("HeadNode",), ("Scheduling", "SlurmQueues", 0), ("Scheduling", "SlurmQueues", 1)):
+        before, after = base, changed
+        for key in path:
+            before, after = before[key], after[key]
+        assert before["CustomActions"]["OnNodeConfigured"] == after["CustomActions"]["OnNodeConfigured"]
+    assert base["HeadNode"]["CustomActions"]["OnNodeUpdated"] != changed["HeadNode"]["CustomActions"]["OnNodeUpdated"]
+
+
+def test_capacity_block_renders_capacity_type_and_static_nodes(tmp_path, write_env):
+    config_dir = write_env(tmp_path, "prod", gpu_queue__capacity_reservation__kind="capacity_block", gpu_queue__min_count=80)
+    settings = load_settings("prod", config_dir)
+    gpu, cpu = render_cluster_config(settings, ClusterResources.placeholders(settings))["Scheduling"]["SlurmQueues"]
+    assert gpu["CapacityType"] == "CAPACITY_BLOCK" and cpu["CapacityType"] == "ONDEMAND"
+    (resource,) = gpu["ComputeResources"]
+    assert resource["MinCount"] == resource["MaxCount"] == 80
+    assert render("prod")["Scheduling"]["SlurmQueues"][0]["CapacityType"] == "ONDEMAND"  # an ODCR
 
 
 def test_monitoring_and_tags():

@@ -184,3 +184,53 @@ def test_node_setup_rejects_unknown_arguments(tmp_path):
     proc = run_node_setup(tmp_path, "--raid")
     assert proc.returncode == 2
     assert "unknown argument: --raid" in proc.stderr
+
+
+def s3_stand_in(node: Path) -> Path:
+    """`aws s3 cp s3://BUCKET/KEY FILE` served from node/s3/BUCKET/KEY (the AWS boundary); returns node/s3."""
+    root = node / "s3"
+    root.mkdir(exist_ok=True)
+    aws = node / "bin" / "aws"
+    aws.write_text(f'#!/bin/sh\nset -e\n[ "$1 $2" = "s3 cp" ] || exit 3\nshift 2\n[ "$1" = --only-show-errors ] && shift\n'
+                   f'cp "{root}/${{1#s3://}}" "$2"\n')
+    aws.chmod(0o755)
+    return root
+
+
+@needs_mount_namespace
+def test_directory_setup_reads_the_model_list_the_stack_ships(node):
+    s3 = s3_stand_in(node)
+    (s3 / "assets" / "cluster").mkdir(parents=True)
+    (s3 / "assets" / "cluster" / "llm.models").write_text("model1\nmodel8\n")
+    proc = run_directory_setup(node, "--models-uri", "s3://assets/cluster/llm.models")
+    assert proc.returncode == 0, proc.stderr
+    entries = tree(proc)
+    assert {"model1", "model8", "model8/tensorboard"} <= set(entries)
+    assert "models: model1 model8" in proc.stderr
+
+
+@needs_mount_namespace
+def test_on_node_updated_refreshes_the_model_list_and_checks_its_digest(node):
+    import hashlib
+
+    s3 = s3_stand_in(node)
+    (s3 / "assets").mkdir()
+    listing = s3 / "assets" / "llm.models"
+    listing.write_text("model1\nmodel2\nmodel3\n")
+    digest = hashlib.sha256(listing.read_bytes()).hexdigest()
+    proc = run_directory_setup(node, "--models-uri", "s3://assets/llm.models", "--models-sha256", digest)
+    assert proc.returncode == 0, proc.stderr
+    assert "model3" in tree(proc)
+    # The config's digest and the shipped list disagree (list not yet uploaded): fail, naming the fix.
+    proc = run_directory_setup(node, "--models-uri", "s3://assets/llm.models", "--models-sha256", "0" * 64)
+    assert proc.returncode == 1
+    assert f"the model list at s3://assets/llm.models has SHA-256 {digest}, the cluster config expects {'0' * 64}" in proc.stderr
+    assert "redeploy the cluster stack" in proc.stderr
+
+
+@needs_mount_namespace
+def test_directory_setup_fails_clearly_when_the_model_list_is_missing(node):
+    s3_stand_in(node)
+    proc = run_directory_setup(node, "--models-uri", "s3://assets/missing.models")
+    assert proc.returncode == 1
+    assert "cannot read the model list s3://assets/missing.models" in proc.stderr

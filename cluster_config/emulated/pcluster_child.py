@@ -1,0 +1,111 @@
+"""Runs inside .venv-pcluster (ParallelCluster 3.16.1): its validators and update checks, as JSON.
+
+Started by ``cluster_config.emulated.check`` with a JSON request on stdin:
+
+    {"endpoint": "http://127.0.0.1:PORT", "region": ..., "cluster_name": ...,
+     "config": "<yaml>", "reservations": [...], "placement_groups": [...], "patches": {"name": ["<base yaml>", "<target yaml>"]}}
+
+and answers on stdout:
+
+    {"failures": [{"level", "validator", "message"}], "error": null | "<why the config did not load>",
+     "validators": [names that ran], "stubbed": [stubbed calls], "patches": {"name": {"allowed", "rows"}}}
+
+``validate_create_request`` is what ``pcluster create-cluster --dryrun`` runs (schema, then every
+validator); ``ConfigPatch(...).check()`` is what ``pcluster update-cluster`` and ParallelCluster's
+CloudFormation custom resource run before an update. Every AWS call goes to the emulated account
+(``AWS_ENDPOINT_URL``) except those listed in ``stubs.PCLUSTER_STUBS``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    os.environ.update({
+        "AWS_ENDPOINT_URL": request["endpoint"], "AWS_DEFAULT_REGION": request["region"],
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    })
+    logging.disable(logging.CRITICAL)  # ParallelCluster logs every call; the answer is the JSON
+
+    import boto3
+    from pcluster.config.common import Resource
+    from pcluster.config.config_patch import ConfigPatch
+    from pcluster.models.cluster import Cluster, ConfigValidationError
+    import yaml
+    from pcluster.validators.common import FailureLevel
+
+    from cluster_config.emulated.stubs import patch_pcluster
+
+    stubbed: list[str] = []
+    patch_pcluster(request["reservations"], request["placement_groups"], _amazon_linux_image(boto3), stubbed)
+
+    ran: list[str] = []
+    execute = Resource._validator_execute
+
+    def record(validator_class, validator_args, suppressors, executor):
+        ran.append(validator_class.__name__)
+        return execute(validator_class, validator_args, suppressors, executor)
+
+    Resource._validator_execute = staticmethod(record)
+
+    cluster = Cluster(request["cluster_name"], config=request["config"])
+    error = None
+    try:
+        failures = cluster.validate_create_request(validator_suppressors=set(), validation_failure_level=FailureLevel.ERROR)
+    except ConfigValidationError as exc:
+        failures = exc.validation_failures or []
+        if not failures:
+            error = str(exc)
+
+    running = _RunningCluster(request["cluster_name"])
+    patches = {}
+    for name, (base, target) in request.get("patches", {}).items():
+        allowed, rows = ConfigPatch(cluster=running, base_config=yaml.safe_load(base), target_config=yaml.safe_load(target)).check()
+        patches[name] = {"allowed": allowed, "rows": [[_plain(cell) for cell in row] for row in rows[1:]]}
+
+    json.dump({
+        "failures": [{"level": f.level.name, "validator": f.validator_type, "message": f.message} for f in failures],
+        "error": error,
+        "validators": sorted(set(ran)),
+        "stubbed": sorted(set(stubbed)),
+        "patches": patches,
+    }, sys.stdout)
+
+
+class _RunningCluster:
+    """The cluster an update is checked against: compute nodes running, no login nodes (stubs.PCLUSTER_STUBS)."""
+
+    class _Instance:
+        state = "running"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stack_name = name
+        self.head_node_instance = self._Instance()
+
+    def has_running_capacity(self) -> bool:
+        return True
+
+    def has_running_login_nodes(self, pool_name=None) -> bool:
+        return False
+
+
+def _plain(value):
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def _amazon_linux_image(boto3) -> str:
+    """An x86_64 Amazon Linux image that exists in the emulated account (stands in for the official AMI)."""
+    images = boto3.client("ec2").describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"]
+    preferred = [i for i in images if "al2023" in i.get("Name", "")] or images
+    return sorted(preferred, key=lambda i: i["ImageId"])[0]["ImageId"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Deploy-true: each environment deployed into an emulated account (moto), then ParallelCluster 3.16.1's
+own validators (what `pcluster create-cluster --dryrun` runs) and update checks (what `pcluster
+update-cluster` and its CloudFormation custom resource run) on the config rendered with those ids.
+
+The findings that would have stopped a real deploy are re-created here and shown caught before deploy.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from cluster_config.emulated.acknowledged import ACKNOWLEDGED_WARNINGS
+from cluster_config.emulated.check import check_environment, update_scenarios
+from cluster_config.emulated.stubs import PCLUSTER_STUBS
+from cluster_config.settings import Settings, available_environments
+
+pytestmark = pytest.mark.slow
+
+ENVS = available_environments()
+# Validators that must run: each checks something only a deploy would otherwise find.
+KEY_VALIDATORS = {
+    "InstanceTypeValidator",  # the type exists in the region (c6i in ap-southeast-3)
+    "ExistingFsxNetworkingValidator",  # Lustre ports through the file systems' ENIs and security groups
+    "SecurityGroupsValidator", "EfaSecurityGroupValidator", "EfaValidator",
+    "HeadNodeLaunchTemplateValidator", "ComputeResourceLaunchTemplateValidator",
+    "AdditionalIamPolicyValidator",  # the SSM managed policy exists
+    "AsyncTimedUrlValidator",  # the node scripts are in the assets bucket
+    "QueueSubnetsValidator", "SchedulableMemoryValidator", "EbsVolumeThroughputIopsValidator",
+}
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_parallelclusters_validators_pass_on_the_emulated_deploy(report, env):
+    result = report(env)
+    assert result.errors == [], result.errors
+    assert result.open_warnings == [], "fix these or acknowledge them in cluster_config/emulated/acknowledged.py"
+    assert len(result.validators) >= 70
+    assert KEY_VALIDATORS <= set(result.validators), KEY_VALIDATORS - set(result.validators)
+    # The config names what the emulated deploy created, not placeholders.
+    assert result.config["HeadNode"]["Networking"]["SubnetId"].startswith("subnet-")
+
+
+def test_capacity_reservation_validators_run_on_prod(report):
+    assert {"CapacityReservationValidator", "CapacityReservationSizeValidator", "CapacityTypeValidator"} <= set(report("prod").validators)
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_only_the_listed_calls_are_stubbed(report, env):
+    for call in report(env).stubbed:
+        name = call.split("(")[0]
+        assert any(stub.startswith(f"Ec2Client.{name}") for stub in PCLUSTER_STUBS), call
+
+
+def test_every_acknowledged_warning_is_still_raised(report):
+    """An acknowledgement whose warning has gone is stale: remove it."""
+    raised = [w for env in ENVS for w in report(env).warnings]
+    for validator, fragment in ACKNOWLEDGED_WARNINGS:
+        assert any(w["validator"] == validator and fragment in w["message"] for w in raised), (validator, fragment)
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_settings_changes_during_a_run_that_a_running_cluster_accepts(report, env):
+    updates = report(env).updates
+    for scenario in ("add a model", "remove a model", "resize a model", "raise cpu_queue.max_count"):
+        assert updates[scenario]["allowed"], (scenario, updates[scenario]["rows"])
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_settings_changes_that_need_the_compute_fleet_stopped(report, env):
+    # Documented in docs/cluster.md: with QueueUpdateStrategy DRAIN, ParallelCluster refuses these
+    # while nodes run; stop the fleet (pcluster update-compute-fleet --status STOP_REQUESTED) first.
+    updates = report(env).updates
+    for scenario, where in (("lower gpu_queue.max_count", "MaxCount"), ("change cpu_queue.instance_type", "ComputeResources")):
+        assert not updates[scenario]["allowed"], scenario
+        refused = [row for row in updates[scenario]["rows"] if row[4] != "SUCCEEDED"]
+        assert [row[1] for row in refused] == [where], refused
+        assert "All compute nodes must be stopped or QueueUpdateStrategy must be set to TERMINATE" in refused[0][5]
+
+
+def test_model_list_in_on_node_configured_args_would_make_the_update_fail(synthesized, pcluster_venv):
+    """The finding: model names in OnNodeConfigured Args; splitting model7 made `cdk deploy` roll back."""
+    settings, stacks, templates, _ = synthesized("prod")
+
+    def old_style(deployed):
+        def with_models(config, models):
+            config = copy.deepcopy(config)
+            config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"] += models
+            return config
+
+        names = [m.name for m in settings.models]
+        return {"split model7 (models as arguments)": (with_models(deployed.config, names),
+                                                       with_models(deployed.config, names + ["model8"]))}
+
+    result = check_environment(settings, stacks, templates, with_updates=False, extra_updates=old_style)
+    refused = result.updates["split model7 (models as arguments)"]
+    assert not refused["allowed"]
+    assert [(row[0], row[1]) for row in refused["rows"] if row[4] != "SUCCEEDED"] == [
+        ("['HeadNode', 'CustomActions', 'OnNodeConfigured']", "Args")
+    ]
+
+
+def test_c6i_in_ap_southeast_3_is_what_parallelcluster_rejects(synthesized, pcluster_venv):
+    """The finding, past the settings check (which now refuses c6i there: tests/test_settings.py)."""
+    settings, stacks, templates, _ = synthesized("prod")
+
+    def seed_instance_type(config):
+        config["HeadNode"]["InstanceType"] = "c6i.4xlarge"
+
+    result = check_environment(settings, stacks, templates, with_updates=False, edit_config=seed_instance_type)
+    messages = [f["message"] for f in result.errors if f["validator"] == "InstanceTypeValidator"]
+    assert messages == ["The instance type 'c6i.4xlarge' is not supported."]
+
+
+def capacity_block(settings: Settings, min_count: int) -> Settings:
+    raw = settings.model_dump()
+    raw["gpu_queue"]["capacity_reservation"]["kind"] = "capacity_block"
+    raw["gpu_queue"]["min_count"] = min_count
+    return Settings(**raw)
+
+
+def test_capacity_block_renders_a_config_parallelcluster_accepts(synthesized, pcluster_venv):
+    settings, stacks, templates, _ = synthesized("prod")
+    result = check_environment(capacity_block(settings, 80), stacks, templates, with_updates=False)
+    assert result.errors == [], result.errors
+    assert result.config["Scheduling"]["SlurmQueues"][0]["CapacityType"] == "CAPACITY_BLOCK"
+    assert "describe_capacity_reservations(cr-0a1b2c3d4e5f60718)" in result.stubbed
+
+
+def test_capacity_block_with_min_count_0(synthesized, pcluster_venv):
+    """The settings refuse it first (tests/test_settings.py); ParallelCluster agrees once CapacityType says so,
+    but the old ONDEMAND rendering against a Capacity Block passes every validator and fails only at launch."""
+    settings, stacks, templates, _ = synthesized("prod")
+    with pytest.raises(ValueError, match="set min_count: 80"):
+        capacity_block(settings, 0)
+    block = capacity_block(settings, 80)
+
+    def min_count_0(config):
+        config["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MinCount"] = 0
+
+    result = check_environment(block, stacks, templates, with_updates=False, edit_config=min_count_0)
+    assert "Min count must be a value > 0 when using Capacity Block reservation." in [f["message"] for f in result.errors]
+
+    def old_ondemand(config):
+        min_count_0(config)
+        config["Scheduling"]["SlurmQueues"][0]["CapacityType"] = "ONDEMAND"
+
+    result = check_environment(block, stacks, templates, with_updates=False, edit_config=old_ondemand)
+    assert result.errors == []  # not caught by ParallelCluster: why the reservation kind is a setting
+
+
+def test_update_scenarios_cover_what_users_change():
+    from cluster_config.settings import load_settings
+
+    assert set(update_scenarios(load_settings("prod"))) == {
+        "add a model", "remove a model", "resize a model", "lower gpu_queue.max_count",
+        "raise cpu_queue.max_count", "change cpu_queue.instance_type",
+    }
