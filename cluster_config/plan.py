@@ -1,14 +1,71 @@
-"""The multi-model plan: who gets which nodes, what it costs at full size, whether storage keeps up.
+"""The multi-model plan: who gets which nodes, how long and how much to finish, whether it fits.
 
 Settings already refuse a plan larger than the GPU queue or its capacity reservation; this module
-only reports on a valid one (``python -m cluster_config plan --env prod``, and at every synth).
+reports on a valid one (``python -m cluster_config plan --env prod``, and at every synth). Per model
+it reads the training config the job runs (``jobs/training/configs/<model>.yaml``) and works out:
+
+- tokens to train (steps x global batch x seq_len) and training FLOPs (6 x matmul parameters +
+  causal attention per token, as MFU counts them in ``jobs/training/metrics.py``);
+- days and dollars to finish at the MFU the settings assume (``plan.mfu``), flagged when later than
+  ``plan.deadline_days``;
+- memory per GPU from the analytic model in ``jobs/training/sizing.py``, against the GPU's memory
+  less ``plan.memory_headroom``;
+- checkpoint size, how long one save takes at the checkpoint file system's throughput, and how far
+  apart saves are; for the cluster, the space every model's checkpoints take at their peak (the
+  ``checkpoint.keep`` complete ones + one being written) against the checkpoint file system.
+
+A model that does not fit in GPU memory and checkpoints that overflow the file system are errors
+(synth stops: ``stacks/app.py``); a late model, a global batch that does not divide and an
+under-provisioned data file system are warnings. Each comes with the fix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from cluster_config.settings import Settings
+import yaml
+
+from cluster_config.settings import Settings, SettingsError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TRAINING_CONFIGS = REPO_ROOT / "jobs/training/configs"
+# The model shapes and the memory model live with the training code, torch-free: import them from there.
+if str(REPO_ROOT / "jobs") not in sys.path:
+    sys.path.append(str(REPO_ROOT / "jobs"))
+from training.presets import PRESETS  # noqa: E402
+from training.sizing import GIB, RunShape, checkpoint_bytes, memory  # noqa: E402
+
+TIB = 2**40
+COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER = 20  # "Training Compute-Optimal Large Language Models" (Chinchilla)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_gib: float  # nvidia-smi memory.total
+    peak_tflops: float  # dense bf16, vendor datasheet (the MFU denominator of jobs/training/metrics.py)
+
+
+GPUS = {
+    "p5e.48xlarge": Gpu("H200", 143771 / 1024, 989),
+    "p5en.48xlarge": Gpu("H200", 143771 / 1024, 989),
+    "p5.48xlarge": Gpu("H100", 81559 / 1024, 989),
+    "p4de.24xlarge": Gpu("A100-80GB", 81920 / 1024, 312),
+    "p4d.24xlarge": Gpu("A100-40GB", 40960 / 1024, 312),
+    "g5.12xlarge": Gpu("A10G", 23028 / 1024, 125),
+    "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125),
+}
+
+# What a training config leaves out takes the default of jobs/training/config.py.
+TRAIN_DEFAULTS = {"parallelism": "fsdp", "activation_checkpointing": False}
+CHECKPOINT_DEFAULTS = {"every": 500, "keep": 3}
+
+
+class PlanError(SettingsError):
+    """The plan cannot run: a model does not fit in GPU memory, or checkpoints overflow their file system."""
 
 
 @dataclass(frozen=True)
@@ -18,6 +75,21 @@ class ModelRow:
     nodes: int
     gpus: int
     cost_per_hour_usd: float
+    config: str = ""  # the training config file read, relative to the repository
+    parameters: float = 0.0
+    tokens: float = 0.0
+    flops: float = 0.0
+    days: float = 0.0
+    step_s: float = 0.0
+    memory: dict[str, float] = field(default_factory=dict)  # GiB per GPU by category, and "total"
+    checkpoint_bytes: float = 0.0
+    checkpoints_kept: int = 0  # checkpoint.keep + 1 in flight
+    save_s: float = 0.0
+    checkpoint_every_h: float = 0.0
+
+    @property
+    def cost_to_finish_usd(self) -> float:
+        return self.cost_per_hour_usd * self.days * 24
 
 
 @dataclass(frozen=True)
@@ -30,6 +102,13 @@ class Plan:
     data_throughput_mb_s: float
     data_demand_mb_s: float
     throughput_mb_s: dict[str, float]
+    gpu: Gpu | None = None
+    mfu: float = 0.4
+    deadline_days: float | None = None
+    usable_gib: float = 0.0
+    checkpoint_capacity_bytes: float = 0.0
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -44,59 +123,223 @@ class Plan:
         return sum(row.cost_per_hour_usd for row in self.rows)
 
     @property
+    def cost_to_finish_usd(self) -> float:
+        return sum(row.cost_to_finish_usd for row in self.rows)
+
+    @property
+    def days(self) -> float:
+        return max((row.days for row in self.rows), default=0.0)
+
+    @property
+    def checkpoint_need_bytes(self) -> float:
+        return sum(row.checkpoint_bytes * row.checkpoints_kept for row in self.rows)
+
+    @property
     def storage_under_provisioned(self) -> bool:
         return self.data_demand_mb_s > self.data_throughput_mb_s
 
 
-def build_plan(settings: Settings) -> Plan:
-    queue = settings.gpu_queue
-    rows = tuple(
-        ModelRow(
-            name=model.name,
-            preset=model.preset,
-            nodes=model.nodes,
-            gpus=model.nodes * queue.gpus_per_instance,
-            cost_per_hour_usd=model.nodes * queue.price_per_instance_hour_usd,
-        )
-        for model in settings.models
-    )
-    gpus = sum(row.gpus for row in rows)
+def gpu_of(settings: Settings) -> Gpu | None:
+    known = GPUS.get(settings.gpu_queue.instance_type)
+    memory_gib = settings.plan.gpu_memory_gib or (known.memory_gib if known else None)
+    tflops = settings.plan.gpu_peak_tflops or (known.peak_tflops if known else None)
+    if memory_gib is None or tflops is None:
+        return None
+    return Gpu(known.name if known else "GPU", memory_gib, tflops)
+
+
+def read_training_config(path: Path) -> dict:
+    raw = yaml.safe_load(path.read_text()) or {}
+    return {"model": raw.get("model", {}), "data": raw.get("data", {}),
+            "train": {**TRAIN_DEFAULTS, **raw.get("train", {})},
+            "checkpoint": {**CHECKPOINT_DEFAULTS, **raw.get("checkpoint", {})}}
+
+
+def build_plan(settings: Settings, configs_dir: Path = TRAINING_CONFIGS) -> Plan:
+    queue, assume = settings.gpu_queue, settings.plan
     file_systems = settings.storage.file_systems()
-    return Plan(
+    ckpt_fs = file_systems["checkpoints"]
+    gpu = gpu_of(settings)
+    usable_gib = gpu.memory_gib * (1 - assume.memory_headroom) if gpu else 0.0
+    errors: list[str] = []
+    warnings: list[str] = []
+    if gpu is None:
+        warnings.append(f"no GPU figures for {queue.instance_type}: set plan.gpu_memory_gib and "
+                        "plan.gpu_peak_tflops to get memory, time and cost")
+    rows = []
+    for model in settings.models:
+        gpus = model.nodes * queue.gpus_per_instance
+        base = dict(name=model.name, preset=model.preset, nodes=model.nodes, gpus=gpus,
+                    cost_per_hour_usd=model.nodes * queue.price_per_instance_hour_usd)
+        path = configs_dir / f"{model.name}.yaml"
+        if not path.is_file():
+            warnings.append(f"{model.name}: no training config {path}; copy one of jobs/training/configs/ "
+                            "to size this model")
+            rows.append(ModelRow(**base))
+            continue
+        row, model_errors, model_warnings = _size_model(base, path, settings, gpu, usable_gib, ckpt_fs.throughput_mb_s)
+        rows.append(row)
+        errors += model_errors
+        warnings += model_warnings
+
+    plan = Plan(
         env=settings.name,
         instance_type=queue.instance_type,
-        rows=rows,
+        rows=tuple(rows),
         max_count=queue.max_count,
         reserved=queue.capacity_reservation.instance_count if queue.capacity_reservation else None,
         data_throughput_mb_s=file_systems["data"].throughput_mb_s,
-        data_demand_mb_s=gpus * settings.storage.data_read_mb_s_per_gpu,
+        data_demand_mb_s=sum(row.gpus for row in rows) * settings.storage.data_read_mb_s_per_gpu,
         throughput_mb_s={key: fs.throughput_mb_s for key, fs in file_systems.items()},
+        gpu=gpu, mfu=assume.mfu, deadline_days=assume.deadline_days, usable_gib=usable_gib,
+        checkpoint_capacity_bytes=ckpt_fs.storage_capacity_gib * GIB,
     )
+    need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
+    largest = max((row.checkpoint_bytes for row in rows), default=0.0)
+    if need <= capacity < need + largest:
+        warnings.append(
+            f"checkpoints leave {(capacity - need) / 1e9:,.0f} GB free on {ckpt_fs.mount_dir}, less than one more "
+            f"checkpoint of the largest model ({largest / 1e9:,.0f} GB): a save that fails midway stays on disk "
+            "until the next one completes, and then the file system fills; lower checkpoint.keep of the largest "
+            f"model or raise storage.checkpoints.storage_capacity_gib to {_fsx_size_gib(need + largest)}")
+    if need > capacity:
+        errors.append(
+            f"checkpoints overflow {ckpt_fs.mount_dir}: every model's checkpoint.keep + 1 in flight needs "
+            f"{need / TIB:.2f} TiB, the file system has {capacity / TIB:.2f} TiB; raise "
+            f"storage.checkpoints.storage_capacity_gib to {_fsx_size_gib(need)} or lower checkpoint.keep "
+            "of the largest models (their checkpoints are exported to S3 as they are written)")
+    if plan.storage_under_provisioned:
+        warnings.append(
+            "the data file system is under-provisioned for a full-size run; raise "
+            "storage.data.storage_capacity_gib or throughput_per_tib, or lower data_read_mb_s_per_gpu "
+            "if the loaders read less (e.g. they cache shards on the local NVMe)")
+    return Plan(**{**plan.__dict__, "errors": tuple(errors), "warnings": tuple(warnings)})
+
+
+def _size_model(base: dict, path: Path, settings: Settings, gpu: Gpu | None, usable_gib: float,
+                ckpt_mb_s: float) -> tuple[ModelRow, list[str], list[str]]:
+    name, gpus = base["name"], base["gpus"]
+    where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    cfg = read_training_config(path)
+    errors, warnings = [], []
+    preset = PRESETS.get(base["preset"])
+    if preset is None:
+        raise PlanError(f"models: {name} has unknown preset {base['preset']!r}; choose one of {', '.join(PRESETS)}")
+    if cfg["model"].get("preset", base["preset"]) != base["preset"]:
+        warnings.append(f"{name}: {where} trains preset {cfg['model']['preset']!r} but the settings plan "
+                        f"{base['preset']!r}; the plan sizes {base['preset']!r}: make them agree")
+    train, ckpt = cfg["train"], cfg["checkpoint"]
+    seq_len = int(cfg["data"].get("seq_len", 256))
+    vocab = int(cfg["model"].get("vocab_size") or settings.plan.vocab_size)
+    steps, batch, micro = int(train["steps"]), int(train["global_batch_size"]), int(train["micro_batch_size"])
+    if batch % (micro * gpus):
+        warnings.append(f"{name}: train.global_batch_size {batch} is not a multiple of micro-batch x GPUs = "
+                        f"{micro} x {gpus}; the job will refuse to start: use a multiple of {micro * gpus} in {where}")
+    tokens = steps * batch * seq_len
+    flops = tokens * preset.flops_per_token(vocab, seq_len)
+    row = dict(base, config=str(where), parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
+               checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=int(ckpt["keep"]) + 1)
+    row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
+    if gpu is None:
+        return ModelRow(**row), errors, warnings
+    cluster_flops_s = gpus * gpu.peak_tflops * 1e12 * settings.plan.mfu
+    row["days"] = flops / cluster_flops_s / 86400
+    row["step_s"] = flops / steps / cluster_flops_s
+    row["checkpoint_every_h"] = row["step_s"] * int(ckpt["every"]) / 3600
+    run = RunShape(preset, vocab, seq_len, micro, gpus, train["parallelism"], bool(train["activation_checkpointing"]))
+    row["memory"] = memory(run).gib()
+    need = row["memory"]["total"]
+    if need > usable_gib:
+        fixes = [] if train["activation_checkpointing"] else ["set train.activation_checkpointing: true"]
+        if micro > 1:
+            fixes.append(f"lower train.micro_batch_size (now {micro})")
+        if train["parallelism"] == "ddp":
+            fixes.append("use train.parallelism: fsdp")
+        fixes.append("give it more nodes (the sharded state shrinks)")
+        errors.append(f"{name}: needs {need:.0f} GiB per GPU, more than the {usable_gib:.0f} GiB usable on a "
+                      f"{gpu.name} ({gpu.memory_gib:.0f} GiB less plan.memory_headroom); in {where}: "
+                      + ", or ".join(fixes))
+    deadline = settings.plan.deadline_days
+    if deadline and row["days"] > deadline:
+        nodes_needed = math.ceil(base["nodes"] * row["days"] / deadline)
+        steps_fit = int(steps * deadline / row["days"])
+        warnings.append(f"{name}: finishes in {row['days']:.1f} days at {settings.plan.mfu:.0%} MFU, after "
+                        f"plan.deadline_days {deadline:g}; lower train.steps to {steps_fit:,} or fewer in {where}, "
+                        f"or give it {nodes_needed} nodes")
+    return ModelRow(**row), errors, warnings
+
+
+def _fsx_size_gib(need_bytes: float) -> int:
+    """Smallest valid PERSISTENT_2 size (1200, 2400, then multiples of 2400 GiB) holding ``need_bytes``."""
+    gib = need_bytes / GIB
+    return 1200 if gib <= 1200 else 2400 * math.ceil(gib / 2400)
+
+
+def check_plan(settings: Settings, configs_dir: Path = TRAINING_CONFIGS) -> Plan:
+    """The plan, or PlanError listing what cannot run (synth calls this)."""
+    plan = build_plan(settings, configs_dir)
+    if plan.errors:
+        raise PlanError(f"the {settings.name} plan cannot run:\n" + "\n".join(f"  {e}" for e in plan.errors))
+    return plan
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
 
 
 def format_plan(plan: Plan) -> str:
     reserved = f", reservation {plan.reserved}" if plan.reserved is not None else ", no reservation"
+    gpu = f" ({plan.gpu.name}, {plan.gpu.memory_gib:.0f} GiB)" if plan.gpu else ""
+    deadline = f", deadline {plan.deadline_days:g} days" if plan.deadline_days else ""
     lines = [
-        f"Plan for {plan.env}: {plan.nodes} x {plan.instance_type} of max {plan.max_count}{reserved}",
-        f"  {'model':<10} {'preset':<12} {'nodes':>5} {'GPUs':>5} {'$/hour':>10}",
+        f"Plan for {plan.env}: {plan.nodes} x {plan.instance_type}{gpu} of max {plan.max_count}{reserved}; "
+        f"assumes {plan.mfu:.0%} MFU{deadline}",
+        f"  {'model':<8} {'preset':<11} {'nodes':>5} {'GPUs':>4} {'params':>6} {'tokens':>6} {'tok/p':>5} {'FLOPs':>7} "
+        f"{'days':>5} {'$/hour':>8} {'$ to finish':>11} {'GiB/GPU':>7} {'ckpt GB':>7} {'save s':>6} {'every h':>7}",
     ]
-    for row in plan.rows:
-        lines.append(f"  {row.name:<10} {row.preset:<12} {row.nodes:>5} {row.gpus:>5} {row.cost_per_hour_usd:>10,.2f}")
-    lines.append(f"  {'total':<10} {'':<12} {plan.nodes:>5} {plan.gpus:>5} {plan.cost_per_hour_usd:>10,.2f}")
+    for r in plan.rows:
+        mem = r.memory.get("total", 0.0)
+        lines.append(
+            f"  {r.name:<8} {r.preset:<11} {r.nodes:>5} {r.gpus:>4} {_si(r.parameters):>6} {_si(r.tokens):>6} "
+            f"{(r.tokens / r.parameters if r.parameters else 0):>5.0f} "
+            f"{r.flops:>7.2g} {r.days:>5.1f} {r.cost_per_hour_usd:>8,.0f} {r.cost_to_finish_usd:>11,.0f} "
+            f"{mem:>7.1f} {r.checkpoint_bytes / 1e9:>7,.0f} {r.save_s:>6.0f} {r.checkpoint_every_h:>7.1f}")
     lines.append(
-        "  FSx throughput MB/s: " + ", ".join(f"{key} {value:,.0f}" for key, value in plan.throughput_mb_s.items())
-    )
+        f"  {'total':<8} {'':<11} {plan.nodes:>5} {plan.gpus:>4} {'':>6} {_si(sum(r.tokens for r in plan.rows)):>6} {'':>5} "
+        f"{sum(r.flops for r in plan.rows):>7.2g} {plan.days:>5.1f} {plan.cost_per_hour_usd:>8,.0f} "
+        f"{plan.cost_to_finish_usd:>11,.0f}")
+    if plan.gpu and any(r.memory for r in plan.rows):
+        lines.append(f"  memory per GPU, GiB (analytic, jobs/training/sizing.py), usable {plan.usable_gib:.0f} of "
+                     f"{plan.gpu.memory_gib:.0f}:")
+        lines.append(f"  {'model':<8} {'params':>6} {'grads':>6} {'optim':>6} {'gather':>6} {'activ':>6} "
+                     f"{'trans':>6} {'total':>6}")
+        for r in plan.rows:
+            if r.memory:
+                m = r.memory
+                lines.append(f"  {r.name:<8} {m['parameters']:>6.1f} {m['gradients']:>6.1f} {m['optimizer']:>6.1f} "
+                             f"{m['gathered']:>6.1f} {m['activations']:>6.1f} {m['transient']:>6.1f} {m['total']:>6.1f}")
+    need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
+    if capacity:
+        lines.append(f"  checkpoints at peak (keep + 1 in flight, every model): {need / TIB:.2f} TiB of "
+                     f"{capacity / TIB:.2f} TiB ({need / capacity:.0%}); save times at "
+                     f"{plan.throughput_mb_s['checkpoints']:,.0f} MB/s, one model saving at a time")
+    lines.append(
+        "  FSx throughput MB/s: " + ", ".join(f"{key} {value:,.0f}" for key, value in plan.throughput_mb_s.items()))
     ratio = plan.data_throughput_mb_s / plan.data_demand_mb_s if plan.data_demand_mb_s else float("inf")
     lines.append(
         f"  data read demand {plan.data_demand_mb_s:,.0f} MB/s ({plan.gpus} GPUs) vs data file system "
-        f"{plan.data_throughput_mb_s:,.0f} MB/s: {ratio:.2f}x"
-    )
-    if plan.storage_under_provisioned:
-        lines.append(
-            "  WARNING: the data file system is under-provisioned for a full-size run; raise "
-            "storage.data.storage_capacity_gib or throughput_per_tib, or lower data_read_mb_s_per_gpu "
-            "if the loaders read less (e.g. they cache shards on the local NVMe)"
-        )
+        f"{plan.data_throughput_mb_s:,.0f} MB/s: {ratio:.2f}x")
+    for r in plan.rows:
+        if r.parameters and r.tokens < COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER * r.parameters and r.days:
+            optimal_days = r.days * COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER * r.parameters / r.tokens
+            lines.append(f"  NOTE: {r.name} trains {r.tokens / r.parameters:.0f} tokens per parameter, below the "
+                         f"compute-optimal ~{COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER} (Hoffmann et al. 2022); that "
+                         f"would take {optimal_days:.0f} days on its {r.nodes} nodes")
+    lines += [f"  ERROR: {e}" for e in plan.errors]
+    lines += [f"  WARNING: {w}" for w in plan.warnings]
     return "\n".join(lines)
 
 

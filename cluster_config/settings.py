@@ -221,6 +221,20 @@ class ModelPlan(_Strict):
         return value
 
 
+class PlanSettings(_Strict):
+    """Assumptions of the plan (``python -m cluster_config plan``): how fast, by when, how big."""
+
+    # Model FLOPs utilization the run is expected to reach. 0.40: Meta trained Llama 3 405B at
+    # 38-43 % BF16 MFU on 8,192-16,384 H100 ("The Llama 3 Herd of Models", 2024, Table 4).
+    mfu: float = Field(0.40, gt=0, le=1)
+    deadline_days: Optional[float] = Field(None, gt=0)  # flag models that finish later than this
+    vocab_size: int = Field(32000, gt=0)  # the tokenizer's vocabulary (Llama 2's: 32,000)
+    # Share of GPU memory held back for the CUDA context, NCCL buffers and allocator fragmentation.
+    memory_headroom: float = Field(0.10, ge=0, lt=1)
+    gpu_memory_gib: Optional[float] = Field(None, gt=0)  # default: from gpu_queue.instance_type
+    gpu_peak_tflops: Optional[float] = Field(None, gt=0)  # dense bf16; default: from the instance type
+
+
 class Settings(_Strict):
     name: str
     account: str
@@ -233,6 +247,7 @@ class Settings(_Strict):
     cpu_queue: CpuQueueSettings
     storage: StorageSettings
     models: list[ModelPlan] = Field(default_factory=list)
+    plan: PlanSettings = PlanSettings()
     containers: bool = False  # install Pyxis/Enroot on the nodes
     create_cluster: bool = False  # let `cdk deploy` create the cluster through ParallelCluster's custom resource
     tags: dict[str, str] = Field(default_factory=dict)

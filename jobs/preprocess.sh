@@ -13,6 +13,7 @@
 #                    is in the Hugging Face cache (nodes may have no internet; default
 #                    $FSX_DATA/tokenizer)
 #   SEQ_LEN          training sequence length: shards hold SEQ_LEN + 1 tokens per sample (2048)
+#   VAL_FRACTION     share of documents held out for validation in DATASET_DIR/val (0.02; 0: none)
 #   PREPROCESS_ARGS  extra flags for `python -m data_pipeline.tokenize run`, e.g. "--shard-mb 512"
 #SBATCH --job-name=preprocess
 #SBATCH --partition=cpu            # CPU queue: tokenizing needs no GPU
@@ -30,6 +31,7 @@ RAW_DIR="${RAW_DIR:-$FSX_DATA/raw}"
 DATASET_DIR="${DATASET_DIR:-$FSX_DATA/tokenized}"
 TOKENIZER="${TOKENIZER:-$FSX_DATA/tokenizer}"
 SEQ_LEN="${SEQ_LEN:-2048}"
+VAL_FRACTION="${VAL_FRACTION:-0.02}"
 read -r -a extra_args <<< "${PREPROCESS_ARGS:-}"
 
 # Whichever task creates the dataset folder stripes it across all OSTs (new files inherit it):
@@ -41,4 +43,4 @@ fi
 
 echo "task ${SLURM_ARRAY_TASK_ID:-all} on $(hostname): $RAW_DIR -> $DATASET_DIR (seq_len $SEQ_LEN)"
 python -m data_pipeline.tokenize run --input-dir "$RAW_DIR" --out "$DATASET_DIR" \
-  --tokenizer "$TOKENIZER" --seq-len "$SEQ_LEN" "${extra_args[@]}"
+  --tokenizer "$TOKENIZER" --seq-len "$SEQ_LEN" --val-fraction "$VAL_FRACTION" "${extra_args[@]}"

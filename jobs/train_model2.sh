@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# model2: Llama-2 7B on 11 p5e.48xlarge nodes (88 GPUs); config jobs/training/configs/model2.yaml.
+# model2: Llama-2 7B on 4 p5e.48xlarge nodes (32 GPUs); config jobs/training/configs/model2.yaml.
 #   sbatch jobs/train_model2.sh [--config FILE] [section.key=value ...]
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model2
-#SBATCH --nodes=11
+#SBATCH --nodes=4
 #SBATCH --output=/fsx/logs/model2/%x_%j.out
 #SBATCH --error=/fsx/logs/model2/%x_%j.err
 #SBATCH --ntasks-per-node=1

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# model3: Llama-2 13B on 11 p5e.48xlarge nodes (88 GPUs); config jobs/training/configs/model3.yaml.
+# model3: Llama-2 13B on 7 p5e.48xlarge nodes (56 GPUs); config jobs/training/configs/model3.yaml.
 #   sbatch jobs/train_model3.sh [--config FILE] [section.key=value ...]
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model3
-#SBATCH --nodes=11
+#SBATCH --nodes=7
 #SBATCH --output=/fsx/logs/model3/%x_%j.out
 #SBATCH --error=/fsx/logs/model3/%x_%j.err
 #SBATCH --ntasks-per-node=1

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# model4: Llama-2 13B on 11 p5e.48xlarge nodes (88 GPUs); config jobs/training/configs/model4.yaml.
+# model4: Llama-2 13B on 7 p5e.48xlarge nodes (56 GPUs); config jobs/training/configs/model4.yaml.
 #   sbatch jobs/train_model4.sh [--config FILE] [section.key=value ...]
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model4
-#SBATCH --nodes=11
+#SBATCH --nodes=7
 #SBATCH --output=/fsx/logs/model4/%x_%j.out
 #SBATCH --error=/fsx/logs/model4/%x_%j.err
 #SBATCH --ntasks-per-node=1

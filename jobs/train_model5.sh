@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# model5: the 18.4B preset on 11 p5e.48xlarge nodes (88 GPUs); config jobs/training/configs/model5.yaml.
+# model5: the 18.4B preset on 12 p5e.48xlarge nodes (96 GPUs); config jobs/training/configs/model5.yaml.
 #   sbatch jobs/train_model5.sh [--config FILE] [section.key=value ...]
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model5
-#SBATCH --nodes=11
+#SBATCH --nodes=12
 #SBATCH --output=/fsx/logs/model5/%x_%j.out
 #SBATCH --error=/fsx/logs/model5/%x_%j.err
 #SBATCH --ntasks-per-node=1

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# model6: the 18.4B preset on 11 p5e.48xlarge nodes (88 GPUs); config jobs/training/configs/model6.yaml.
+# model6: the 18.4B preset on 12 p5e.48xlarge nodes (96 GPUs); config jobs/training/configs/model6.yaml.
 #   sbatch jobs/train_model6.sh [--config FILE] [section.key=value ...]
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model6
-#SBATCH --nodes=11
+#SBATCH --nodes=12
 #SBATCH --output=/fsx/logs/model6/%x_%j.out
 #SBATCH --error=/fsx/logs/model6/%x_%j.err
 #SBATCH --ntasks-per-node=1

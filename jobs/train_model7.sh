@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# model7: Llama-2 70B (GQA) on 14 p5e.48xlarge nodes (112 GPUs); config jobs/training/configs/model7.yaml.
+# model7: Llama-2 70B (GQA) on 34 p5e.48xlarge nodes (272 GPUs); config jobs/training/configs/model7.yaml.
 #   sbatch jobs/train_model7.sh [--config FILE] [section.key=value ...]
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model7
-#SBATCH --nodes=14
+#SBATCH --nodes=34
 #SBATCH --output=/fsx/logs/model7/%x_%j.out
 #SBATCH --error=/fsx/logs/model7/%x_%j.err
 #SBATCH --ntasks-per-node=1

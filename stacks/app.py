@@ -9,6 +9,7 @@ from typing import Optional
 
 import aws_cdk as cdk
 
+from cluster_config.plan import check_plan
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, available_environments, load_settings
 from stacks import nag
 from stacks.cluster_stack import ClusterStack
@@ -35,7 +36,9 @@ def settings_for(env_name: Optional[str], config_dir: Path = CONFIG_DIR) -> Sett
     if not env_name:
         available = ", ".join(available_environments(config_dir)) or "none"
         raise SettingsError(f"no environment chosen: pass -c env=NAME (available: {available})")
-    return load_settings(env_name, config_dir)
+    settings = load_settings(env_name, config_dir)
+    check_plan(settings)  # a model that cannot fit in GPU memory, or overflowing checkpoints, stop synth
+    return settings
 
 
 def add_stacks(app: cdk.App, settings: Settings) -> dict[str, cdk.Stack]:

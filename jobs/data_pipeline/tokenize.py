@@ -15,6 +15,12 @@ where the next shard starts; the part of a sequence left over at a shard cut (< 
 is dropped and counted. A rerun resumes after the last finished shard of its file without
 re-reading what came before, and a file whose ``<source>.done.json`` exists is skipped.
 
+Validation split (``--val-fraction``, e.g. 0.02): each document goes to the training shards or to
+the held-out ones in ``DIR/val`` (a dataset of its own, same format) by a hash of its text, so the
+split is the same on every rerun whatever the file order, batch size or task layout, and a document
+repeated in the corpus is never on both sides. Each side is one pass over the file that tokenizes
+only its own documents.
+
 Inputs: ``*.txt`` (one document per line) or ``*.jsonl`` (one JSON object per line, document in
 ``--text-field``). Empty lines are dropped; invalid UTF-8 is replaced with U+FFFD and counted.
 """
@@ -22,12 +28,13 @@ Inputs: ``*.txt`` (one document per line) or ``*.jsonl`` (one JSON object per li
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
@@ -54,6 +61,8 @@ class PackSettings:
     batch_bytes: int = 4 << 20
     text_field: str = "text"
     log_every: float = 30.0  # seconds between progress lines when not on a terminal
+    val_fraction: float = 0.0  # share of documents held out for validation (see held_out)
+    split: str = "train"  # which side this pass writes: "train" or "val"
 
 
 def list_inputs(input_dir) -> list[Path]:
@@ -69,7 +78,17 @@ def list_inputs(input_dir) -> list[Path]:
     return files
 
 
-def _read_batches(path: Path, start: int, batch_bytes: int, jsonl: bool, field: str, stats: dict):
+VAL_DIR = "val"  # the held-out dataset's folder inside the training dataset's
+
+
+def held_out(doc: str, fraction: float) -> bool:
+    """Whether ``doc`` is in the validation split: decided by a hash of its text alone."""
+    digest = hashlib.blake2b(doc.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+def _read_batches(path: Path, start: int, batch_bytes: int, jsonl: bool, field: str, stats: dict,
+                  keep=None):
     """Yield (documents, end_offset) for batches of whole lines from byte ``start``.
 
     A batch is the whole lines within ``batch_bytes`` from its start (or one longer line), so
@@ -111,7 +130,7 @@ def _read_batches(path: Path, start: int, batch_bytes: int, jsonl: bool, field: 
                                                 f"({e})") from None
             else:
                 docs = [ln.rstrip("\r") for ln in lines]
-            kept = [d for d in docs if d.strip()]
+            kept = [d for d in docs if d.strip() and (keep is None or keep(d))]
             stats["documents"] += len(kept)
             # split() leaves one "" after the final newline: not a line of the file.
             stats["empty_dropped"] += sum(1 for ln in lines if not ln.strip()) - text.endswith("\n")
@@ -167,12 +186,13 @@ def _resume_point(src: Path, out_dir: Path, tok_sha: str, settings: PackSettings
         index = read_index(shard)
         if index is None:
             break
-        made_with = (index["seq_len"], index["dtype"], index["tokenizer_sha256"])
-        if made_with != (settings.seq_len, dtype, tok_sha):
+        made_with = (index["seq_len"], index["dtype"], index["tokenizer_sha256"], index.get("val_fraction", 0.0))
+        if made_with != (settings.seq_len, dtype, tok_sha, settings.val_fraction):
             raise TokenizeError(
                 f"{shard} was made with seq_len={index['seq_len']}, dtype={index['dtype']}, "
-                f"tokenizer {index['tokenizer_sha256'][:12]}; this run has seq_len="
-                f"{settings.seq_len}, dtype={dtype}, tokenizer {tok_sha[:12]}: write to a new "
+                f"tokenizer {index['tokenizer_sha256'][:12]}, val_fraction={index.get('val_fraction', 0.0)}; "
+                f"this run has seq_len={settings.seq_len}, dtype={dtype}, tokenizer {tok_sha[:12]}, "
+                f"val_fraction={settings.val_fraction}: write to a new "
                 "--out folder or delete the old shards")
         shards.append(ShardInfo(**{k: index[k] for k in ShardInfo.__dataclass_fields__}))
         for k in counters:
@@ -223,7 +243,8 @@ def tokenize_file(src, tok: LoadedTokenizer, out_dir, settings: PackSettings) ->
         stats["dropped_tokens"] += len(flat) - n * sample
         if n:
             path = out_dir / f"{src.stem}-{len(shards):05d}.tar"
-            extra = {"tokenizer_sha256": identity["sha256"],
+            extra = {"tokenizer_sha256": identity["sha256"], "val_fraction": settings.val_fraction,
+                     "split": settings.split,
                      "source": {"file": src.name, "byte_start": shard_start, "byte_end": end,
                                 **stats}}
             shards.append(write_shard(path, flat[:n * sample].reshape(n, sample),
@@ -231,8 +252,12 @@ def tokenize_file(src, tok: LoadedTokenizer, out_dir, settings: PackSettings) ->
         buffer, buffered, shard_start = [], 0, end
 
     try:
+        keep = None
+        if settings.val_fraction:
+            validation = settings.split == "val"
+            keep = lambda doc: held_out(doc, settings.val_fraction) == validation  # noqa: E731
         for docs, end in _read_batches(src, offset, settings.batch_bytes,
-                                       src.suffix == ".jsonl", settings.text_field, stats):
+                                       src.suffix == ".jsonl", settings.text_field, stats, keep):
             ids = _encode(tok, docs, dtype) if docs else np.empty(0, dtype)
             buffer.append(ids)
             buffered += len(ids)
@@ -244,7 +269,7 @@ def tokenize_file(src, tok: LoadedTokenizer, out_dir, settings: PackSettings) ->
             flush(size)
     finally:
         progress.close()
-    if stats["documents"] == 0 and not shards:
+    if stats["documents"] == 0 and not shards and settings.split == "train":
         raise TokenizeError(f"{src} has no non-empty documents")
     if not shards:
         log.warning("%s: %d tokens, fewer than one sequence of %d: no shard written",
@@ -305,17 +330,33 @@ def finalize(out_dir, sources: list[str] | None = None) -> DatasetMeta | None:
     return meta
 
 
+def tokenize_source(src, tok: LoadedTokenizer, out_dir, settings: PackSettings) -> None:
+    """One raw file: its training shards in ``out_dir`` and, with a val_fraction, its held-out ones in ``out_dir/val``."""
+    tokenize_file(src, tok, out_dir, replace(settings, split="train"))
+    if settings.val_fraction:
+        tokenize_file(src, tok, Path(out_dir) / VAL_DIR, replace(settings, split="val"))
+
+
+def finalize_splits(out_dir, sources: list[str] | None = None) -> DatasetMeta | None:
+    """``finalize`` the held-out dataset (if any) first, then the training one: a dataset.json for
+    training means its validation split is complete too."""
+    val_dir = Path(out_dir) / VAL_DIR
+    if val_dir.is_dir() and finalize(val_dir, sources) is None:
+        return None
+    return finalize(out_dir, sources)
+
+
 def tokenize_files(files, tokenizer, out_dir, seq_len: int, **settings) -> DatasetMeta:
     """Tokenize ``files`` into ``out_dir`` and write dataset.json (tests, demo, small corpora).
 
     ``tokenizer``: a LoadedTokenizer or anything ``load_tokenizer`` accepts. ``settings``: the
-    other PackSettings fields (shard_bytes, member_bytes, batch_bytes, text_field).
+    other PackSettings fields (shard_bytes, member_bytes, batch_bytes, text_field, val_fraction).
     """
     tok = tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(str(tokenizer))
     pack = PackSettings(seq_len=seq_len, **settings)
     for f in files:
-        tokenize_file(f, tok, out_dir, pack)
-    return finalize(out_dir, [Path(f).name for f in files])
+        tokenize_source(f, tok, out_dir, pack)
+    return finalize_splits(out_dir, [Path(f).name for f in files])
 
 
 def _allotted_cores() -> int:
@@ -350,6 +391,8 @@ def main(argv=None) -> int:
     run.add_argument("--member-kb", type=float, default=1024, help="bytes per tar member (KiB)")
     run.add_argument("--batch-mb", type=float, default=4, help="text per tokenizer call (MiB)")
     run.add_argument("--text-field", default="text", help="JSONL field holding the document")
+    run.add_argument("--val-fraction", type=float, default=0.0,
+                     help="share of documents held out for validation in OUT/val (e.g. 0.02); by document text hash")
     run.add_argument("--log-every", type=float, default=30,
                      help="seconds between progress lines in logs (no terminal)")
     fin = sub.add_parser("finalize", help="write dataset.json from the finished sources")
@@ -361,7 +404,7 @@ def main(argv=None) -> int:
     try:
         if a.cmd == "finalize":
             sources = [f.name for f in list_inputs(a.input_dir)] if a.input_dir else None
-            return 0 if finalize(a.out, sources) else 1
+            return 0 if finalize_splits(a.out, sources) else 1
         files = list_inputs(a.input_dir)
         task = _task_index(a.task_index)
         if task is not None and not 0 <= task < len(files):
@@ -371,13 +414,15 @@ def main(argv=None) -> int:
         settings = PackSettings(seq_len=a.seq_len, shard_bytes=int(a.shard_mb * 2**20),
                                 member_bytes=int(a.member_kb * 2**10),
                                 batch_bytes=int(a.batch_mb * 2**20), text_field=a.text_field,
-                                log_every=a.log_every)
+                                log_every=a.log_every, val_fraction=a.val_fraction)
+        if not 0 <= a.val_fraction < 1:
+            raise TokenizeError(f"--val-fraction {a.val_fraction}: use a share in [0, 1), e.g. 0.02")
         log.info("tokenizer %s (vocab %d, eos %d), seq_len %d, %s threads", tok.name,
                  tok.vocab_size, tok.eos_id, a.seq_len, os.environ["RAYON_NUM_THREADS"])
         for f in files if task is None else [files[task]]:
-            tokenize_file(f, tok, a.out, settings)
+            tokenize_source(f, tok, a.out, settings)
         # Whichever task finishes last sees every source done and writes dataset.json.
-        finalize(a.out, [f.name for f in files])
+        finalize_splits(a.out, [f.name for f in files])
         return 0
     except (TokenizeError, TokenizerError) as e:
         log.error("%s", e)

@@ -7,44 +7,12 @@ and initializes whatever part a rank holds after sharding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-
-@dataclass(frozen=True)
-class Preset:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int = 0  # 0: as many as heads (no grouped-query attention)
-    ffn: int = 0  # 0: 8/3 x hidden rounded up to a multiple of 256 (Llama's SwiGLU sizing)
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn or -(-(8 * self.hidden // 3) // 256) * 256
-
-
-PRESETS: dict[str, Preset] = {
-    # For CPU runs, tests and the local cluster.
-    "tiny": Preset(layers=2, hidden=64, heads=4, ffn=192),
-    # The seed's scaling table (named by its nominal size).
-    "1.7b": Preset(24, 2304, 24),
-    "3.6b": Preset(30, 3072, 32),
-    "7.5b": Preset(32, 4096, 32),
-    "18.4b": Preset(40, 6144, 48),
-    "39.1b": Preset(48, 8192, 64),
-    "76.1b": Preset(60, 10240, 80),
-    "145.6b": Preset(80, 12288, 96),
-    "310.1b": Preset(96, 16384, 128),
-    # Llama-2 shapes; 70B uses grouped-query attention with 8 key/value heads.
-    "llama2-7b": Preset(32, 4096, 32, ffn=11008),
-    "llama2-13b": Preset(40, 5120, 40, ffn=13824),
-    "llama2-70b": Preset(80, 8192, 64, kv_heads=8, ffn=28672),
-}
+from .presets import PRESETS, Preset  # noqa: F401 (the table lives in presets.py, torch-free for the planner)
 
 
 def llama_config(preset: str, vocab_size: int, seq_len: int) -> LlamaConfig:

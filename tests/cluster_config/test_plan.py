@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from cluster_config.plan import build_plan, format_plan
+from cluster_config.plan import TRAINING_CONFIGS, PlanError, build_plan, check_plan, format_plan
 from cluster_config.settings import CONFIG_DIR, SettingsError, load_settings
+from stacks.app import settings_for
 
 
 def prod_raw() -> dict:
@@ -18,7 +20,7 @@ def prod_raw() -> dict:
 
 def test_prod_plan_is_seven_models_on_80_nodes_at_2768_per_hour():
     plan = build_plan(load_settings("prod"))
-    assert [row.nodes for row in plan.rows] == [11] * 6 + [14]
+    assert [row.nodes for row in plan.rows] == [4, 4, 7, 7, 12, 12, 34]
     assert (plan.nodes, plan.gpus) == (80, 640)
     assert plan.cost_per_hour_usd == pytest.approx(2768.0)
     assert plan.reserved == 80
@@ -54,7 +56,7 @@ def test_enough_throughput_gives_no_warning(write_env, tmp_path):
 
 def test_plan_above_max_count_fails_naming_the_fix(write_env, tmp_path):
     raw = prod_raw()
-    raw["models"][6]["nodes"] = 15  # 81 nodes on a queue of 80
+    raw["models"][6]["nodes"] = 35  # 81 nodes on a queue of 80
     with pytest.raises(SettingsError, match="the plan needs 81 nodes but gpu_queue.max_count is 80"):
         load_settings("prod", write_env(tmp_path, "prod", models=raw["models"]))
 
@@ -70,9 +72,10 @@ def test_cli_plan_prints_the_table():
     out = subprocess.run(
         [sys.executable, "-m", "cluster_config", "plan", "--env", "prod"], capture_output=True, text=True, check=True
     ).stdout
-    assert "Plan for prod: 80 x p5e.48xlarge of max 80, reservation 80" in out
-    assert "model7     llama2-70b      14   112     484.40" in out
-    assert "total                      80   640   2,768.00" in out
+    assert "Plan for prod: 80 x p5e.48xlarge (H200, 140 GiB) of max 80, reservation 80" in out
+    assert "assumes 40% MFU, deadline 14 days" in out
+    assert out.splitlines()[8].split()[:4] == ["model7", "llama2-70b", "34", "272"]
+    assert "ERROR" not in out and "WARNING" not in out
 
 
 def test_cli_fsx_expected_prints_provisioned_throughput_per_mount():
@@ -80,3 +83,111 @@ def test_cli_fsx_expected_prints_provisioned_throughput_per_mount():
                          capture_output=True, text=True, check=True).stdout
     # 7,200 GiB x 1,000 MB/s/TiB and 4,800 GiB x 500 MB/s/TiB
     assert out.strip() == "/fsx/data=7031.2,/fsx/checkpoints=7031.2,/fsx/logs=2343.8"
+
+
+# --- time, cost, memory and checkpoints (the analytic sizing: jobs/training/sizing.py) -------------
+
+def configs_copy(tmp_path, model: str | None = None, **train_changes) -> Path:
+    """The shipped training configs in a temporary folder, with ``train:`` keys of one model changed."""
+    folder = tmp_path / "configs"
+    shutil.copytree(TRAINING_CONFIGS, folder)
+    if model:
+        path = folder / f"{model}.yaml"
+        raw = yaml.safe_load(path.read_text())
+        raw["train"].update(train_changes)
+        path.write_text(yaml.safe_dump(raw))
+    return folder
+
+
+def test_resized_prod_plan_fits_memory_checkpoints_and_the_deadline():
+    settings = load_settings("prod")
+    plan = check_plan(settings)
+    assert plan.errors == () and plan.warnings == ()
+    assert settings.plan.deadline_days == 14
+    for row in plan.rows:
+        assert row.days <= 14, row.name
+        assert row.memory["total"] <= plan.usable_gib, row.name
+    assert plan.checkpoint_need_bytes < plan.checkpoint_capacity_bytes
+    # The 70B model cannot be trained compute-optimally in two weeks on this cluster: said plainly.
+    assert "NOTE: model7 trains 4 tokens per parameter" in format_plan(plan)
+
+
+def test_flops_agree_with_6nd_for_the_issue_example(tmp_path, write_env):
+    """The old model7 (100,000 steps x 1,120 x 4,096 tokens, 14 nodes): ~1.9e23 FLOPs, ~50 days at 40 %."""
+    configs = configs_copy(tmp_path, "model7", steps=100000, global_batch_size=1120)
+    raw = prod_raw()
+    models = [{"name": "model7", "nodes": 14, "preset": "llama2-70b"}]
+    row = build_plan(load_settings("prod", write_env(tmp_path, "prod", models=models)), configs).rows[0]
+    assert row.tokens == 100000 * 1120 * 4096
+    six_nd = 6 * row.parameters * row.tokens  # the rule of thumb, without attention
+    assert six_nd == pytest.approx(1.9e23, rel=0.02)
+    assert 1.0 < row.flops / six_nd < 1.1  # attention at 4,096 tokens adds a few percent
+    assert 48 < row.days < 56
+    assert row.cost_to_finish_usd == pytest.approx(row.days * 24 * 14 * raw["gpu_queue"]["price_per_instance_hour_usd"])
+
+
+def test_halving_mfu_doubles_days_and_cost(tmp_path, write_env):
+    base = build_plan(load_settings("prod"))
+    slow = build_plan(load_settings("prod", write_env(tmp_path, "prod", plan={"mfu": 0.2, "deadline_days": 40})))
+    for a, b in zip(base.rows, slow.rows):
+        assert b.days == pytest.approx(2 * a.days)
+        assert b.cost_to_finish_usd == pytest.approx(2 * a.cost_to_finish_usd)
+
+
+def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path):
+    configs = configs_copy(tmp_path, "model7", activation_checkpointing=False, micro_batch_size=2)
+    with pytest.raises(PlanError) as caught:
+        check_plan(load_settings("prod"), configs)
+    message = str(caught.value)
+    assert "model7: needs" in message and "GiB usable on a H200" in message
+    assert "set train.activation_checkpointing: true" in message
+    assert "lower train.micro_batch_size (now 2)" in message
+    assert "jobs/training/configs/model7.yaml" not in message  # it names the file it read
+    assert str(configs / "model7.yaml") in message
+
+
+def test_synth_stops_on_a_plan_that_cannot_fit(tmp_path, write_env):
+    """A GPU with too little memory for the 7B models: loading the environment for synth fails."""
+    write_env(tmp_path, "prod", plan={"gpu_memory_gib": 40})
+    with pytest.raises(PlanError, match=r"model1: needs 58 GiB per GPU, more than the 36 GiB usable"):
+        settings_for("prod", tmp_path)
+
+
+def test_checkpoints_that_overflow_their_file_system_fail_with_the_size_to_use(tmp_path, write_env):
+    raw = prod_raw()
+    raw["storage"]["checkpoints"]["storage_capacity_gib"] = 4800
+    with pytest.raises(PlanError, match=r"checkpoints overflow /fsx/checkpoints: .* needs 5.60 TiB, the file "
+                                        r"system has 4.69 TiB; raise storage.checkpoints.storage_capacity_gib to 7200"):
+        check_plan(load_settings("prod", write_env(tmp_path, "prod", storage=raw["storage"])))
+
+
+def test_checkpoints_without_room_for_one_failed_save_warn(tmp_path):
+    configs = tmp_path / "configs"
+    shutil.copytree(TRAINING_CONFIGS, configs)
+    path = configs / "model7.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["checkpoint"]["keep"] = 3  # 6.35 TiB of 7.03: less than one more 0.83 TB checkpoint free
+    path.write_text(yaml.safe_dump(raw))
+    plan = check_plan(load_settings("prod"), configs)
+    assert any("less than one more checkpoint of the largest model (828 GB)" in w for w in plan.warnings)
+
+
+def test_a_late_model_is_flagged_with_steps_or_nodes_that_would_make_it(tmp_path, write_env):
+    plan = build_plan(load_settings("prod", write_env(tmp_path, "prod", plan={"deadline_days": 10})))
+    late = [w for w in plan.warnings if "after plan.deadline_days 10" in w]
+    assert len(late) == 7
+    assert plan.errors == ()
+    model7 = next(w for w in late if w.startswith("model7"))
+    assert "lower train.steps to 46," in model7 and "or give it 44 nodes" in model7
+
+
+def test_a_global_batch_that_does_not_divide_is_flagged(tmp_path):
+    configs = configs_copy(tmp_path, "model1", global_batch_size=1000)
+    plan = build_plan(load_settings("prod"), configs)
+    assert any("model1: train.global_batch_size 1000 is not a multiple of micro-batch x GPUs = 2 x 32" in w
+               for w in plan.warnings)
+
+
+def test_bad_plan_settings_are_refused(tmp_path, write_env):
+    with pytest.raises(SettingsError, match=r"plan.mfu: Input should be less than or equal to 1"):
+        load_settings("prod", write_env(tmp_path, "prod", plan={"mfu": 40}))

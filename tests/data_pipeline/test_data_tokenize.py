@@ -201,3 +201,36 @@ def test_finalize_waits_for_every_source(dp_sample, tmp_path):
     assert finalize(tmp_path, [f.name for f in files]) is None
     assert not (tmp_path / "dataset.json").exists()
     assert finalize(tmp_path).total_sequences > 0  # only the sources present
+
+
+# --- the held-out validation split ----------------------------------------------------------------
+
+def test_validation_split_holds_out_whole_documents_by_their_text(dp_sample, tmp_path):
+    from data_pipeline.tokenize import VAL_DIR, held_out
+
+    files, tok_dir = dp_sample
+    tok = load_tokenizer(str(tok_dir))
+    meta = tokenize_files(files, tok, tmp_path / "ds", SEQ_LEN, val_fraction=0.1, **SMALL)
+    val = read_dataset_meta(tmp_path / "ds" / VAL_DIR)
+    docs = [ln for f in files for ln in f.read_text().split("\n") if ln.strip()]
+    expected_val = [d for d in docs if held_out(d, 0.1)]
+    assert 0.05 < len(expected_val) / len(docs) < 0.15
+    # Every document is on exactly one side, and the held-out side is exactly the hashed-out set.
+    assert sum(s["documents"] for s in val.sources) == len(expected_val)
+    assert sum(s["documents"] for s in meta.sources) == len(docs) - len(expected_val)
+    # The held-out shards are those documents' tokens, back to back with EOS, in file order.
+    first = [d for d in files[0].read_text().split("\n") if d.strip() and held_out(d, 0.1)]
+    want = np.concatenate([np.array(e.ids + [tok.eos_id]) for e in
+                           tok.backend.encode_batch(first, add_special_tokens=False)])
+    got = np.concatenate([shard_tokens(val, s).ravel() for s in val.shards if s.file.startswith(files[0].stem + "-")])
+    assert np.array_equal(got, want[:len(got)])
+    assert not any(held_out(d, 0.0) for d in docs) and all(held_out(d, 1.0) for d in docs)
+
+
+def test_resume_refuses_a_different_validation_fraction(dp_sample, tmp_path):
+    files, tok_dir = dp_sample
+    tokenize_files(files[:1], str(tok_dir), tmp_path / "ds", SEQ_LEN, val_fraction=0.1, **SMALL)
+    for done in (tmp_path / "ds").glob("*.done.json"):
+        done.unlink()  # as if the task had been interrupted after its shards
+    with pytest.raises(TokenizeError, match=r"val_fraction=0.1; this run has .* val_fraction=0.2"):
+        tokenize_files(files[:1], str(tok_dir), tmp_path / "ds", SEQ_LEN, val_fraction=0.2, **SMALL)

@@ -1,0 +1,300 @@
+"""One view of every model's training: Slurm state, progress, losses, speed, checkpoints, cost so far.
+
+    python -m training.status --env prod                    # the models of cluster_config/prod.yaml
+    python -m training.status --png /fsx/logs/status.png    # plus one picture: loss, val_loss, tokens/s
+    python -m training.status model1 model7 --logs /fsx/logs --checkpoints /fsx/checkpoints
+
+Reads only what the jobs leave behind, so it is safe to run at any time from the head node:
+
+- Slurm (``squeue``, ``scontrol``): the model's job (named after the model), its state and restarts;
+- ``<logs>/<model>/metrics.jsonl``: step, loss, val_loss, tokens/s, MFU, step time; ``start``
+  events (each resume from a checkpoint is one recovery); device time per interval;
+- the newest ``<logs>/<model>/<model>_<job>.out``: the resolved config the run logged (total steps);
+- ``<checkpoints>/<model>/latest`` and ``STATUS``: the last complete checkpoint and its age;
+- the backup job's log (``<logs>/backups/backup-<model>_*.out``) or the training log: whether the
+  final checkpoint was backed up and verified.
+
+Device-hours count the time of training steps (``step_time_s`` and checkpoint blocking of every
+interval, times the ranks of the run), not start-up or time queued; dollars are device-hours at the
+environment's price per GPU (``--env``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = Path(__file__).resolve().parent / "configs"
+BACKUP_DONE = "backed up and verified"
+
+
+@dataclass
+class ModelStatus:
+    name: str
+    job: str = "-"  # "<id> <STATE>" of the newest Slurm job named after the model
+    restarts: int = 0  # Slurm requeues of that job
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    val_loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu_pct: float | None = None
+    step_time_s: float | None = None
+    checkpoint: str = "-"
+    checkpoint_age_s: float | None = None
+    run_status: str = "-"  # STATUS written by the trainer: complete | stopped
+    backup: str = "-"
+    resumes: int = 0  # starts that resumed from a checkpoint
+    device_hours: float = 0.0
+    dollars: float | None = None
+    history: list[dict] = field(default_factory=list, repr=False)  # training records
+    evals: list[dict] = field(default_factory=list, repr=False)  # validation records
+
+    @property
+    def eta_s(self) -> float | None:
+        if not self.step_time_s or not self.total_steps or self.run_status == "complete":
+            return None
+        return max(self.total_steps - self.step, 0) * self.step_time_s
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written right now
+    return records
+
+
+def summarize_metrics(status: ModelStatus, records: list[dict]) -> None:
+    train = [r for r in records if "loss" in r]
+    if train:
+        last = train[-1]
+        status.step, status.loss = last["step"], last["loss"]
+        status.tokens_per_s, status.mfu_pct = last.get("tokens_per_s"), last.get("mfu_pct")
+        recent = [r["step_time_s"] for r in train[-5:] if "step_time_s" in r]
+        status.step_time_s = sum(recent) / len(recent) if recent else None
+    evals = [r for r in records if "val_loss" in r]
+    if evals:
+        status.val_loss = evals[-1]["val_loss"]
+    status.evals = evals
+    status.resumes = sum(1 for r in records if r.get("event") == "start" and r.get("resumed"))
+    # Device time: each interval's steps x step time (+ checkpoint blocking) x the run's ranks.
+    ranks, previous, seconds = 1, 0, 0.0
+    for r in records:
+        if r.get("event") == "start":
+            ranks, previous = r.get("world_size", 1), r.get("step", 0)
+        elif "loss" in r:
+            seconds += ((r["step"] - previous) * r.get("step_time_s", 0.0) + r.get("checkpoint_block_s", 0.0)) * ranks
+            previous = r["step"]
+    status.device_hours = seconds / 3600
+    status.history = train
+
+
+def logged_config(log_dir: Path, model: str) -> dict | None:
+    """The resolved config the newest run of ``model`` logged (the ``config {...}`` line)."""
+    outs = sorted(log_dir.glob(f"{model}_*.out"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for out in outs:
+        for line in reversed(out.read_text(errors="replace").splitlines()):
+            at = line.find(" config {")
+            if at >= 0:
+                try:
+                    return json.loads(line[at + len(" config "):])
+                except ValueError:
+                    continue
+    return None
+
+
+def total_steps(log_dir: Path, model: str) -> int:
+    config = logged_config(log_dir, model)
+    if config:
+        return int(config["train"]["steps"])
+    path = CONFIGS / f"{model}.yaml"  # not started yet: what the job will run
+    if path.is_file():
+        import yaml
+
+        return int((yaml.safe_load(path.read_text()) or {}).get("train", {}).get("steps", 0))
+    return 0
+
+
+def checkpoint_state(status: ModelStatus, directory: Path, now: float) -> None:
+    try:
+        name = (directory / "latest").read_text().strip()
+        status.checkpoint = name
+        status.checkpoint_age_s = now - (directory / name).stat().st_mtime
+    except OSError:
+        pass
+    try:
+        status.run_status = (directory / "STATUS").read_text().strip()
+    except OSError:
+        pass
+
+
+def backup_state(logs: Path, model: str, run_status: str) -> str:
+    candidates = sorted([*logs.glob(f"backups/backup-{model}_*.out"), *(logs / model).glob(f"{model}_*.out"),
+                         *(logs / model).glob(f"{model}_*.err")], key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in candidates:
+        for line in reversed(path.read_text(errors="replace").splitlines()):
+            if BACKUP_DONE in line:
+                step = re.search(r"step_\d{8}", line)
+                return f"verified {step.group(0)}" if step else "verified"
+            if "training.backup" in line and "ERROR" in line or "BackupError" in line:
+                return "FAILED"
+    return "not yet" if run_status == "complete" else "-"
+
+
+def slurm_jobs(names: list[str]) -> dict[str, tuple[str, int]]:
+    """Model name -> ("<job id> <STATE>", restarts) of its newest job still known to Slurm."""
+    if not shutil.which("squeue"):
+        return {}
+    out = subprocess.run(["squeue", "--noheader", "--format=%i|%j|%T", f"--name={','.join(names)}"],
+                         capture_output=True, text=True).stdout
+    jobs = {}
+    for line in out.splitlines():
+        job_id, name, state = line.strip().split("|")
+        if name in names and (name not in jobs or int(job_id) > int(jobs[name][0].split()[0])):
+            jobs[name] = (f"{job_id} {state}", _restarts(job_id))
+    return jobs
+
+
+def _restarts(job_id: str) -> int:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
+    match = re.search(r"\bRestarts=(\d+)", out)
+    return int(match.group(1)) if match else 0
+
+
+def collect(models: list[str], logs: Path, checkpoints: Path, price_per_gpu_hour: float | None = None,
+            now: float | None = None) -> list[ModelStatus]:
+    now = time.time() if now is None else now
+    jobs = slurm_jobs(models)
+    result = []
+    for name in models:
+        status = ModelStatus(name)
+        status.job, status.restarts = jobs.get(name, ("-", 0))
+        summarize_metrics(status, read_metrics(logs / name / "metrics.jsonl"))
+        status.total_steps = total_steps(logs / name, name)
+        checkpoint_state(status, checkpoints / name, now)
+        status.backup = backup_state(logs, name, status.run_status)
+        if price_per_gpu_hour is not None:
+            status.dollars = status.device_hours * price_per_gpu_hour
+        result.append(status)
+    return result
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(statuses: list[ModelStatus]) -> str:
+    header = (f"{'model':<8} {'job':<18} {'step':>13} {'loss':>7} {'val_loss':>8} {'tokens/s':>10} {'MFU%':>5} "
+              f"{'ETA':>6} {'checkpoint':<14} {'age':>5} {'backup':<20} {'recov':>5} {'dev-h':>8} {'$':>9}")
+    lines = [header]
+    for s in statuses:
+        job = s.job if s.job != "-" else f"- ({s.run_status})" if s.run_status != "-" else "-"
+        lines.append(
+            f"{s.name:<8} {job:<18} {f'{s.step}/{s.total_steps}':>13} {_num(s.loss, '.4f'):>7} "
+            f"{_num(s.val_loss, '.4f'):>8} {_num(s.tokens_per_s, ',.0f'):>10} {_num(s.mfu_pct, '.1f'):>5} "
+            f"{_duration(s.eta_s):>6} {s.checkpoint:<14} {_duration(s.checkpoint_age_s):>5} {s.backup:<20} "
+            f"{s.resumes + s.restarts:>5} {s.device_hours:>8,.1f} {_num(s.dollars, ',.0f'):>9}")
+    return "\n".join(lines)
+
+
+def plot(statuses: list[ModelStatus], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for s in statuses:
+        train = {r["step"]: r for r in s.history}  # a step run again after a resume: the last one counts
+        steps = sorted(train)
+        if steps:
+            axes[0].plot(steps, [train[k]["loss"] for k in steps], label=s.name)
+            axes[2].plot(steps, [train[k].get("tokens_per_s", float("nan")) for k in steps], label=s.name)
+        evals = {r["step"]: r["val_loss"] for r in s.evals}
+        if evals:
+            axes[1].plot(sorted(evals), [evals[k] for k in sorted(evals)], marker=".", label=s.name)
+    for ax, title in zip(axes, ("training loss", "validation loss", "tokens/s")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _environment(env: str) -> tuple[list[str], float]:
+    """Model names and price per GPU-hour of cluster_config/<env>.yaml (needs the repository checkout)."""
+    sys.path.insert(0, str(REPO))
+    from cluster_config.settings import load_settings
+
+    settings = load_settings(env)
+    queue = settings.gpu_queue
+    return [m.name for m in settings.models], queue.price_per_instance_hour_usd / queue.gpus_per_instance
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.status", description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="model names (default: --env's models, else every folder in --logs)")
+    parser.add_argument("--env", help="environment whose models and GPU price to use (cluster_config/<env>.yaml)")
+    parser.add_argument("--logs", default=os.environ.get("FSX_LOGS", "/fsx/logs"))
+    parser.add_argument("--checkpoints", default=os.environ.get("FSX_CHECKPOINTS", "/fsx/checkpoints"))
+    parser.add_argument("--png", help="also write one picture of every model's loss, val_loss and tokens/s")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = parser.parse_args(argv)
+    logs, checkpoints = Path(args.logs), Path(args.checkpoints)
+    price = None
+    models = args.models
+    if args.env:
+        try:
+            env_models, price = _environment(args.env)
+        except (ImportError, ValueError) as exc:
+            print(f"error: environment {args.env!r}: {exc}", file=sys.stderr)
+            return 2
+        models = models or env_models
+    if not models:
+        models = sorted(p.parent.name for p in logs.glob("*/metrics.jsonl"))
+    if not models:
+        print(f"error: no models: pass names or --env, or point --logs at a folder with <model>/metrics.jsonl "
+              f"({logs} has none)", file=sys.stderr)
+        return 2
+    statuses = collect(models, logs, checkpoints, price)
+    if args.json:
+        print(json.dumps([{k: v for k, v in s.__dict__.items() if k not in ("history", "evals")} | {"eta_s": s.eta_s}
+                          for s in statuses], indent=1))
+    else:
+        print(format_table(statuses))
+    if args.png:
+        print(f"picture: {plot(statuses, Path(args.png))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

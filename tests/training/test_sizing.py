@@ -1,0 +1,79 @@
+"""The analytic sizing (jobs/training/sizing.py) against the real model on CPU: parameters, saved
+activations and checkpoint bytes, measured, not restated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from training.models import build_model, count_parameters, init_weights, llama_config
+from training.optim import build_optimizer
+from training.config import OptimConfig
+from training.presets import PRESETS, Preset
+from training.sizing import RunShape, activation_bytes, checkpoint_bytes
+
+SMALL = Preset(layers=4, hidden=128, heads=4, kv_heads=2, ffn=352)  # several layers, grouped-query attention
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_count_matches_the_built_model(name):
+    config = llama_config(name, 32000, 4096)
+    model = build_model(config)  # meta device: shapes only
+    assert PRESETS[name].parameters(32000) == sum(p.numel() for p in model.parameters()) == count_parameters(config)[0]
+
+
+def saved_activation_bytes(preset: Preset, vocab: int, seq_len: int, micro: int, checkpointing: bool) -> int:
+    """Bytes autograd really keeps for backward in one CPU training forward (unique storages, no weights)."""
+    PRESETS["_measured"] = preset
+    try:
+        config = llama_config("_measured", vocab, seq_len)
+    finally:
+        del PRESETS["_measured"]
+    model = build_model(config)
+    init_weights(model, config, torch.device("cpu"), seed=0)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, vocab, (micro, seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logits = model(input_ids=ids).logits
+        F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("preset,vocab,seq_len,micro,checkpointing", [
+    (PRESETS["tiny"], 512, 128, 16, False),
+    (SMALL, 512, 64, 2, False),
+    (SMALL, 512, 256, 2, False),  # 4x the sequence: linear, no seq_len^2 term with the fused kernel
+    (SMALL, 512, 256, 2, True),
+])
+def test_activation_estimate_is_within_10_percent_of_what_autograd_saves(preset, vocab, seq_len, micro, checkpointing):
+    measured = saved_activation_bytes(preset, vocab, seq_len, micro, checkpointing)
+    estimate = activation_bytes(RunShape(preset, vocab, seq_len, micro, world_size=1,
+                                         activation_checkpointing=checkpointing, compute_bytes=4))
+    assert estimate == pytest.approx(measured, rel=0.10)
+
+
+def test_checkpoint_size_matches_a_real_dcp_save(tmp_path):
+    config = llama_config("tiny", 8192, 128)  # big enough that DCP's ~2 KB per tensor of headers is small
+    model = build_model(config)
+    init_weights(model, config, torch.device("cpu"), seed=0)
+    optimizer = build_optimizer(model, OptimConfig())
+    model(input_ids=torch.zeros(1, 8, dtype=torch.long)).logits.sum().backward()
+    optimizer.step()  # creates the AdamW moments
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp_path / "ckpt")
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "ckpt").iterdir())
+    assert checkpoint_bytes(PRESETS["tiny"], 8192) == pytest.approx(on_disk, rel=0.02)

@@ -1,0 +1,70 @@
+"""`python -m training.status` on a real (resumed) training run's logs and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, Run
+
+from training.status import ModelStatus, collect, format_table, summarize_metrics
+
+RUN = ("checkpoint.every=4", "log.interval=2", "train.micro_batch_size=8", "optim.warmup_steps=2")
+
+
+@pytest.fixture(scope="module")
+def resumed(tiny_data, tmp_path_factory) -> Run:
+    """8 steps, then the same run extended to 12: it resumes from the step-8 checkpoint."""
+    run = Run(tmp_path_factory.mktemp("status"))
+    assert run.run(tiny_data, *RUN, "train.steps=8") == 0, run.output[-3000:]
+    assert run.run(tiny_data, *RUN, "train.steps=12") == 0, run.output[-3000:]
+    # Where the Slurm job's output goes (jobs/train_model1.sh): the run's own log, config line included.
+    (run.logs / "model1_1001.out").write_text(run.output)
+    return run
+
+
+def test_status_reports_progress_losses_checkpoint_and_recoveries(resumed):
+    [status] = collect(["model1"], resumed.root / "logs", resumed.root / "checkpoints", price_per_gpu_hour=2.0)
+    records = [r for r in resumed.records() if "loss" in r]
+    assert (status.step, status.total_steps) == (12, 12)  # total from the config the run logged
+    assert status.loss == records[-1]["loss"]
+    assert status.tokens_per_s == records[-1]["tokens_per_s"]
+    assert status.resumes == 1
+    assert status.checkpoint == "step_00000012" and 0 <= status.checkpoint_age_s < 600
+    assert status.run_status == "complete" and status.eta_s is None
+    assert status.backup == "not yet"  # complete, no backup job has run
+    assert status.device_hours > 0 and status.dollars == pytest.approx(2.0 * status.device_hours)
+    table = format_table([status])
+    assert "12/12" in table and "step_00000012" in table
+
+
+def test_device_hours_add_up_the_intervals_of_every_run():
+    status = ModelStatus("m")
+    summarize_metrics(status, [
+        {"event": "start", "step": 0, "world_size": 4},
+        {"step": 10, "loss": 3.0, "step_time_s": 36.0, "checkpoint_block_s": 0.0},
+        {"step": 20, "loss": 2.5, "step_time_s": 36.0, "checkpoint_block_s": 360.0},
+        {"event": "start", "step": 20, "world_size": 8, "resumed": True},
+        {"step": 30, "loss": 2.0, "step_time_s": 18.0, "checkpoint_block_s": 0.0},
+        {"step": 30, "val_loss": 2.2, "perplexity": 9.0},
+    ])
+    # (10 x 36 + 10 x 36 + 360) x 4 ranks + 10 x 18 x 8 ranks = 4,320 + 1,440 device-seconds = 1.6 h
+    assert status.device_hours == pytest.approx(1.6)
+    assert (status.step, status.loss, status.val_loss, status.resumes) == (30, 2.0, 2.2, 1)
+
+
+def test_cli_table_json_and_picture(resumed, tmp_path):
+    env = {**resumed.env(), "PYTHONPATH": str(REPO / "jobs")}
+    png = tmp_path / "status.png"
+    out = subprocess.run([sys.executable, "-m", "training.status", "--env", "dev", "--png", str(png)],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[1].startswith("model1 ")
+    assert png.stat().st_size > 10_000
+    data = json.loads(subprocess.run([sys.executable, "-m", "training.status", "model1", "--json"], env=env,
+                                     capture_output=True, text=True, check=True).stdout)
+    assert data[0]["checkpoint"] == "step_00000012" and data[0]["dollars"] is None
+    bad = subprocess.run([sys.executable, "-m", "training.status", "--logs", str(tmp_path)], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "error: no models" in bad.stderr
