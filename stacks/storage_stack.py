@@ -12,6 +12,8 @@ from stacks.network_stack import NetworkStack
 # Lustre 2.15 is the client version in ParallelCluster's current AMIs.
 LUSTRE_VERSION = "2.15"
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+# Overwritten or deleted backup objects stay recoverable this long (current versions never expire).
+BACKUP_NONCURRENT_DAYS = 90
 
 
 class StorageStack(cdk.Stack):
@@ -22,6 +24,10 @@ class StorageStack(cdk.Stack):
     - checkpoints: exports every new, changed or deleted file to the versioned checkpoint
       bucket, and imports what already is there, so a new cluster resumes from the last run.
     - logs: plain scratch space for job logs and profiles, no bucket.
+
+    The backup bucket is linked to no file system: nothing done on FSx (a prune, a clean-up, a
+    lost file system) can delete or overwrite a backup, and backups never appear on FSx.
+    docs/cdk.md has the durability table (each kind of data, its copies, what destroy does).
     """
 
     def __init__(
@@ -43,6 +49,13 @@ class StorageStack(cdk.Stack):
             # Deleting a checkpoint on FSx deletes it in S3 too; the old version stays recoverable
             # for 30 days, then stops costing money.
             extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30))],
+        )
+        # Final checkpoints and run logs, written by the backup job (jobs/backup.sh), never by FSx.
+        self.backup_bucket = self._bucket(
+            "BackupBucket",
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            versioned=True,
+            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(BACKUP_NONCURRENT_DAYS))],
         )
         # Scripts and configs, re-uploaded by every deploy: nothing to keep.
         self.assets_bucket = self._bucket(
@@ -75,6 +88,7 @@ class StorageStack(cdk.Stack):
         for title, bucket in (
             ("Data", self.data_bucket),
             ("Checkpoint", self.checkpoint_bucket),
+            ("Backup", self.backup_bucket),
             ("Assets", self.assets_bucket),
             ("AccessLog", self.access_log_bucket),
         ):
