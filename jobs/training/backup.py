@@ -1,11 +1,13 @@
 """Back the newest complete checkpoint up to S3, then verify every object against the local files.
 
-    python -m training.backup /fsx/checkpoints/model1 s3://my-checkpoint-bucket/model1
+    python -m training.backup /fsx/checkpoints/model1 s3://my-backup-bucket/model1
 
 Uploads ``<step dir>/*`` to ``<prefix>/<step dir>/`` with SHA-256 checksums (S3 checks every part
 on arrival), then asks S3 for each object's size and checksum and compares them with checksums
-computed from the local files; ``<prefix>/latest`` is written only after that succeeds, the same
-"pointer last" rule as on FSx. The batch script runs this once, from the batch shell.
+computed from the local files; ``<prefix>/latest`` is written only after every object matches, the
+same "pointer last" rule as on FSx. An object already in S3 with the right size and checksum is not
+uploaded again, so a rerun after an interruption sends only what is missing or different.
+``jobs/backup.sh`` runs this as its own CPU job once training has completed.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import base64
 import hashlib
 import logging
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import boto3
 from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
 
 log = logging.getLogger(__name__)
 PART_BYTES = 64 * 2**20  # multipart threshold and part size; the expected checksum depends on it
@@ -39,26 +42,52 @@ def backup(checkpoint_dir: str | Path, s3_uri: str, *, client=None, workers: int
     files = sorted(p for p in step_dir.rglob("*") if p.is_file())
     keys = {f: f"{prefix}{step_dir.name}/{f.relative_to(step_dir).as_posix()}" for f in files}
 
-    def upload_and_verify(path: Path) -> str | None:
-        key = keys[path]
-        client.upload_file(str(path), bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=TRANSFER)
-        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-        size, expected = path.stat().st_size, _s3_sha256(path)
-        reported = head.get("ChecksumSHA256", "")
-        if head["ContentLength"] != size or reported.split("-")[0] != expected:
-            return f"{key}: S3 has {head['ContentLength']} bytes, SHA-256 {reported or 'none'}; local {size} bytes, {expected}"
-        return None
+    def head(key: str) -> dict | None:
+        try:
+            return client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
 
-    log.info("uploading %d files (%.2f GiB) from %s to s3://%s/%s%s/", len(files),
-             sum(f.stat().st_size for f in files) / 2**30, step_dir, bucket, prefix, step_dir.name)
+    def upload_and_verify(path: Path) -> tuple[bool, str | None]:
+        """(uploaded, problem): skips an object S3 already holds intact, else uploads and checks it."""
+        key, size, expected = keys[path], path.stat().st_size, _s3_sha256(path)
+        found = head(key)
+        if found and _matches(found, size, expected):
+            return False, None
+        client.upload_file(str(path), bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=TRANSFER)
+        found = head(key) or {}
+        if not _matches(found, size, expected):
+            reported = found.get("ChecksumSHA256") or "none"
+            return True, f"{key}: S3 has {found.get('ContentLength')} bytes, SHA-256 {reported}; local {size} bytes, {expected}"
+        return True, None
+
+    total_bytes = sum(f.stat().st_size for f in files)
+    log.info("backing up %d files (%.2f GiB) from %s to s3://%s/%s%s/", len(files), total_bytes / 2**30,
+             step_dir, bucket, prefix, step_dir.name)
+    problems, uploaded, done_bytes = [], 0, 0
     with ThreadPoolExecutor(workers) as pool:
-        problems = [p for p in pool.map(upload_and_verify, files) if p]
+        futures = {pool.submit(upload_and_verify, f): f for f in files}
+        for n, future in enumerate(as_completed(futures), 1):
+            sent, problem = future.result()
+            uploaded += sent
+            done_bytes += futures[future].stat().st_size
+            problems += [problem] if problem else []
+            log.info("%d/%d files, %.2f/%.2f GiB (%s)", n, len(files), done_bytes / 2**30, total_bytes / 2**30,
+                     "uploaded" if sent else "already in S3")
     if problems:
-        raise BackupError("backup verification failed, latest pointer not written:\n  " + "\n  ".join(problems))
+        raise BackupError("backup verification failed, latest pointer not written:\n  " + "\n  ".join(sorted(problems)))
     client.put_object(Bucket=bucket, Key=f"{prefix}latest", Body=f"{step_dir.name}\n".encode(), ChecksumAlgorithm="SHA256")
     target = f"s3://{bucket}/{prefix}{step_dir.name}/"
-    log.info("backed up and verified %d files: %s", len(files), target)
+    log.info("backed up and verified %d files (%d uploaded, %d already in S3): %s", len(files), uploaded,
+             len(files) - uploaded, target)
     return target
+
+
+def _matches(head: dict, size: int, expected: str) -> bool:
+    """S3's size and SHA-256 (whole or composite, "<b64>-<parts>") equal the local file's."""
+    return head.get("ContentLength") == size and (head.get("ChecksumSHA256") or "").split("-")[0] == expected
 
 
 def _latest_complete(root: Path) -> Path:
@@ -97,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint_dir", help="the model's checkpoint folder (holds `latest`)")
     parser.add_argument("s3_uri", help="s3://bucket/prefix to copy the checkpoint to")
+    parser.add_argument("--workers", type=int, default=8, help="files transferred at once (default 8)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        backup(args.checkpoint_dir, args.s3_uri)
+        backup(args.checkpoint_dir, args.s3_uri, workers=args.workers)
     except BackupError as exc:
         log.error("%s", exc)
         return 1
