@@ -12,8 +12,12 @@ from stacks.network_stack import NetworkStack
 # Lustre 2.15 is the client version in ParallelCluster's current AMIs.
 LUSTRE_VERSION = "2.15"
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
-# Overwritten or deleted backup objects stay recoverable this long (current versions never expire).
+# How long an overwritten or deleted object stays recoverable (current versions never expire).
+# Backups: long, they are the copy that outlives everything. Checkpoint bucket: every pruned
+# checkpoint becomes an old version (prod writes ~1.8 TB per round of checkpoints of all models),
+# so a week: time to notice an accidental delete on FSx without paying for a month of prunes.
 BACKUP_NONCURRENT_DAYS = 90
+CHECKPOINT_NONCURRENT_DAYS = 7
 
 
 class StorageStack(cdk.Stack):
@@ -46,9 +50,9 @@ class StorageStack(cdk.Stack):
             "CheckpointBucket",
             removal_policy=cdk.RemovalPolicy.RETAIN,
             versioned=True,
-            # Deleting a checkpoint on FSx deletes it in S3 too; the old version stays recoverable
-            # for 30 days, then stops costing money.
-            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30))],
+            # Deleting a checkpoint on FSx (a prune) deletes it in S3 too; the old version stays
+            # recoverable for a week, then stops costing money. Final checkpoints: backup bucket.
+            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(CHECKPOINT_NONCURRENT_DAYS))],
         )
         # Final checkpoints and run logs, written by the backup job (jobs/backup.sh), never by FSx.
         self.backup_bucket = self._bucket(

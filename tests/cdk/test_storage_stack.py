@@ -53,7 +53,7 @@ def test_only_the_checkpoint_bucket_is_versioned_and_old_versions_expire(each_en
     storage = each_env.stacks["storage"]
     checkpoints = resource(each_env, "storage", storage.checkpoint_bucket)["Properties"]
     assert checkpoints["VersioningConfiguration"] == {"Status": "Enabled"}
-    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"} in checkpoints["LifecycleConfiguration"]["Rules"]
+    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 7}, "Status": "Enabled"} in checkpoints["LifecycleConfiguration"]["Rules"]
     for name in ("data_bucket", "assets_bucket", "access_log_bucket"):
         assert "VersioningConfiguration" not in resource(each_env, "storage", getattr(storage, name))["Properties"]
 
@@ -104,9 +104,9 @@ def test_every_data_bearing_bucket_is_versioned_retained_and_never_expires_curre
     assert (bucket["DeletionPolicy"], bucket["UpdateReplacePolicy"]) == ("Retain", "Retain")
     assert props.get("VersioningConfiguration") == {"Status": "Enabled"}, f"{name} is not versioned"
     for rule in props["LifecycleConfiguration"]["Rules"]:
-        # Only old versions and abandoned uploads ever expire, and old versions not within 30 days.
+        # Only old versions and abandoned uploads ever expire, and old versions not within a week.
         assert not {"ExpirationInDays", "ExpirationDate", "ExpiredObjectDeleteMarker", "Transitions"} & rule.keys(), rule
-        assert rule.get("NoncurrentVersionExpiration", {"NoncurrentDays": 30})["NoncurrentDays"] >= 30, rule
+        assert rule.get("NoncurrentVersionExpiration", {"NoncurrentDays": 7})["NoncurrentDays"] >= 7, rule
 
 
 def link_targets(app) -> list:
