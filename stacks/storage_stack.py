@@ -14,7 +14,7 @@ LUSTRE_VERSION = "2.15"
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
 # How long an overwritten or deleted object stays recoverable (current versions never expire).
 # Backups: long, they are the copy that outlives everything. Checkpoint bucket: every pruned
-# checkpoint becomes an old version (prod writes ~1.8 TB per round of checkpoints of all models),
+# checkpoint becomes an old version (prod writes ~2.3 TB per round of checkpoints of all models),
 # so a week: time to notice an accidental delete on FSx without paying for a month of prunes.
 BACKUP_NONCURRENT_DAYS = 90
 CHECKPOINT_NONCURRENT_DAYS = 7
