@@ -54,8 +54,7 @@ def test_synced_dataset_lands_where_the_data_link_lists_it(each_env):
     (_, env), links = rendered(each_env), app_links(each_env)
     fsx_data = each_env.settings.storage.file_systems()["data"].mount_dir
     rel = "tokenized/wiki-2048/wiki-00000.tar"
-    (data_link,) = [link for link in links if link.file_system == "data"]
-    assert "NEW" in data_link.import_events
+    (data_link,) = [link for link in links if link.file_system == "data" and "NEW" in link.import_events]
     assert f"s3://{data_link.bucket}/{data_link.key(f'{fsx_data}/{rel}')}" == f"{env['DATA_S3_URI'].rstrip('/')}/{rel}"
 
 
@@ -84,6 +83,22 @@ def objects(s3, bucket: str, prefix: str) -> dict[str, tuple[str, bytes]]:
             for v in listed.get("Versions", []) if v["IsLatest"]}
 
 
+class CheckpointFileSystem:
+    """The checkpoint file system's stand-in: a folder, and every link the stack gives it."""
+
+    def __init__(self, app, root: Path):
+        self.root, self.links = root, [link for link in app_links(app) if link.file_system == "checkpoints"]
+        assert any(link.export_events for link in self.links), self.links
+
+    def export(self, s3) -> None:
+        for link in self.links:
+            link.export(self.root, s3)
+
+    def import_(self, s3) -> None:
+        for link in self.links:
+            link.import_(self.root, s3)
+
+
 def setup_buckets(s3, app) -> tuple[ClusterResources, dict[str, str]]:
     resources, env = rendered(app)
     for bucket in (resources.data_bucket, resources.checkpoint_bucket, resources.backup_bucket):
@@ -94,25 +109,25 @@ def setup_buckets(s3, app) -> tuple[ClusterResources, dict[str, str]]:
 
 def test_pruning_and_deleting_checkpoints_on_fsx_leaves_the_backup_untouched(s3, dev, tmp_path):
     resources, env = setup_buckets(s3, dev)
-    (link,) = [link for link in app_links(dev) if link.file_system == "checkpoints"]
     fsx = tmp_path / "fsx-checkpoints"  # stands in for /fsx/checkpoints
+    link = CheckpointFileSystem(dev, fsx)
     files = checkpoint_folder(fsx, "model1", [100, 200, 300])
-    link.export(fsx, s3)
+    link.export(s3)
     assert {f"model1/{STEP}/__0_0.distcp", "model1/latest"} <= set(objects(s3, resources.checkpoint_bucket, "model1/"))
 
     backup(fsx / "model1", f"{env['CHECKPOINT_S3_URI']}/model1", client=s3)  # what jobs/backup.sh runs
     backed_up = objects(s3, resources.backup_bucket, "model1/")
     assert set(backed_up) == {f"model1/{STEP}/{n}" for n in (".metadata", "train_meta.json", "__0_0.distcp", "__1_0.distcp")} | {"model1/latest"}
-    link.import_(fsx, s3)  # the backup's writes never come back into the file system
+    link.import_(s3)  # the backup's writes never come back into the file system
     assert {p.relative_to(fsx).as_posix() for p in fsx.rglob("*") if p.is_file()} == set(files)
 
     # The trainer prunes (keep 1), then a user clears the folder; the link exports both deletions.
     shutil.rmtree(fsx / "model1/step_00000100")
     shutil.rmtree(fsx / "model1/step_00000200")
-    link.export(fsx, s3)
+    link.export(s3)
     assert not any("step_00000100" in key for key in objects(s3, resources.checkpoint_bucket, "model1/"))
     shutil.rmtree(fsx / "model1")
-    link.export(fsx, s3)
+    link.export(s3)
     assert objects(s3, resources.checkpoint_bucket, "model1/") == {}
 
     # The backup: same objects, same versions, same bytes as the checkpoint that was on FSx.
@@ -126,12 +141,12 @@ def test_a_backup_under_the_checkpoint_link_would_be_lost(s3, dev, tmp_path):
     """The layout this design replaces (backup to the checkpoint bucket, which the link exports to):
     deleting the checkpoints on FSx deletes the "backup" too. Shows the stand-in can tell the two apart."""
     resources, _ = setup_buckets(s3, dev)
-    (link,) = [link for link in app_links(dev) if link.file_system == "checkpoints"]
     fsx = tmp_path / "fsx-checkpoints"
+    link = CheckpointFileSystem(dev, fsx)
     checkpoint_folder(fsx, "model1", [100, 200, 300])
-    link.export(fsx, s3)
+    link.export(s3)
     backup(fsx / "model1", f"s3://{resources.checkpoint_bucket}/model1", client=s3)
     assert len(objects(s3, resources.checkpoint_bucket, f"model1/{STEP}/")) == 4
     shutil.rmtree(fsx / "model1")
-    link.export(fsx, s3)
+    link.export(s3)
     assert objects(s3, resources.checkpoint_bucket, "model1/") == {}
