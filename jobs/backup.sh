@@ -16,7 +16,7 @@
 #SBATCH --partition=cpu            # CPU queue: uploading needs no GPU
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
-#SBATCH --cpus-per-task=8          # SHA-256 of every file and 8 parallel transfers
+#SBATCH --exclusive                # a whole CPU node: SHA-256 on every core, all of its network bandwidth
 #SBATCH --time=06:00:00            # ~1 TB at the ~1.5 GB/s of a c6i.8xlarge is ~15 min; room to spare
 #SBATCH --requeue                  # after a node failure it runs again and skips what S3 already holds
 #SBATCH --open-mode=append

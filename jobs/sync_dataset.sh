@@ -15,7 +15,7 @@
 #SBATCH --partition=cpu            # CPU queue: uploading needs no GPU
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
-#SBATCH --cpus-per-task=8          # SHA-256 of every shard and 8 parallel transfers
+#SBATCH --exclusive                # a whole CPU node: SHA-256 on every core, all of its network bandwidth
 #SBATCH --time=04:00:00
 #SBATCH --requeue                  # after a node failure it runs again and skips what S3 already holds
 #SBATCH --output=%x_%j.out

@@ -41,9 +41,8 @@ def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(s
     env = {"RAW_DIR": f"/fsx/data/{run}/raw", "DATASET_DIR": f"/fsx/data/{run}/tokenized",
            "TOKENIZER": f"/fsx/data/{run}/tokenizer", "SEQ_LEN": "64",
            "PREPROCESS_ARGS": "--shard-mb 0.01 --member-kb 1 --batch-mb 0.004 --log-every 0",
-           # The sync job the first task submits: log beside the tasks' logs, and one CPU (the
-           # local nodes have 2; it asks for 8 on the real CPU queue).
-           "SBATCH_OUTPUT": f"/fsx/logs/{run}/%x_%j.out", "SBATCH_CPUS_PER_TASK": "1", **s3_env}
+           # The sync job the first task submits writes its log beside the tasks' logs.
+           "SBATCH_OUTPUT": f"/fsx/logs/{run}/%x_%j.out", **s3_env}
     options = ["--array=0-3", "--cpus-per-task=1", f"--output=/fsx/logs/{run}/%x_%A_%a.out"]
 
     job = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options)

@@ -138,9 +138,7 @@ def fake_gpu_bin(tmp_path_factory) -> Path:
 def uninterrupted(slurm_cluster, fsx, s3, fake_gpu_bin) -> Job:
     _, s3_env = s3
     path = f"{fake_gpu_bin}:{slurm_cluster.env['PATH']}"
-    # SBATCH_CPUS_PER_TASK: the backup job asks for 8 CPUs on the real CPU queue; a local node has 2.
-    job = Job(slurm_cluster, "uninterrupted").submit(CHECKPOINT_S3_URI="s3://checkpoints-test/runs", PATH=path,
-                                                     SBATCH_CPUS_PER_TASK="1", **s3_env)
+    job = Job(slurm_cluster, "uninterrupted").submit(CHECKPOINT_S3_URI="s3://checkpoints-test/runs", PATH=path, **s3_env)
     state, code = job.wait()
     assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
     return job
