@@ -61,6 +61,7 @@ class ClusterResources:
     data_bucket: str
     checkpoint_bucket: str
     assets_bucket: str
+    backup_bucket: str
     placement_group_name: Optional[str] = None
     partition: str = "aws"
 
@@ -82,6 +83,7 @@ class ClusterResources:
             data_bucket=f"{settings.cluster_name}-data-{settings.account}",
             checkpoint_bucket=f"{settings.cluster_name}-checkpoints-{settings.account}",
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
+            backup_bucket=f"{settings.cluster_name}-backups-{settings.account}",
             placement_group_name=placement_group,
         )
 
@@ -215,9 +217,10 @@ def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         "HealthChecks": {"Gpu": {"Enabled": True}},
         "Iam": {
             "AdditionalIamPolicies": [_ssm_policy(resources)],
+            # Training reads and writes FSx only: the link exports checkpoints, and the backup
+            # runs as a CPU job afterwards (jobs/backup.sh).
             "S3Access": [
                 {"BucketName": resources.data_bucket, "EnableWriteAccess": False},
-                {"BucketName": resources.checkpoint_bucket, "EnableWriteAccess": True},
                 {"BucketName": resources.assets_bucket, "EnableWriteAccess": False},
             ],
         },
@@ -248,9 +251,11 @@ def _cpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         },
         "Iam": {
             "AdditionalIamPolicies": [_ssm_policy(resources)],
-            # Preprocessing turns raw data into shards: it writes the data bucket, never checkpoints.
+            # Preprocessing writes shards to the data bucket (jobs/sync_dataset.sh), the backup job
+            # final checkpoints and logs to the backup bucket; neither touches the checkpoint bucket.
             "S3Access": [
                 {"BucketName": resources.data_bucket, "EnableWriteAccess": True},
+                {"BucketName": resources.backup_bucket, "EnableWriteAccess": True},
                 {"BucketName": resources.assets_bucket, "EnableWriteAccess": False},
             ],
         },
@@ -307,8 +312,10 @@ def _directory_setup_action(
         "--checkpoints", file_systems["checkpoints"].mount_dir,
         "--logs", file_systems["logs"].mount_dir,
         "--jobs-uri", f"s3://{resources.assets_bucket}/{JOBS_PREFIX}",
-        # Where training backs its final checkpoints up (CHECKPOINT_S3_URI in the jobs' environment).
-        "--checkpoint-uri", f"s3://{resources.checkpoint_bucket}",
+        # Where the backup job puts final checkpoints (CHECKPOINT_S3_URI in the jobs' environment):
+        # the backup bucket, which no FSx link reaches. DATA_S3_URI: where tokenized data is synced.
+        "--checkpoint-uri", f"s3://{resources.backup_bucket}",
+        "--data-uri", f"s3://{resources.data_bucket}",
     ]
     if local_cache:
         args += ["--local-cache", LOCAL_CACHE_DIR]

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Tokenize raw text files into packed-token shards on FSx (docs/data_pipeline.md).
 # One array task per raw file: task i tokenizes the i-th file of RAW_DIR (sorted); the last task
-# to finish writes DATASET_DIR/dataset.json. Reruns skip finished shards and files.
+# to finish writes DATASET_DIR/dataset.json. Reruns skip finished shards and files. Once every
+# task has succeeded, jobs/sync_dataset.sh copies the dataset to the data bucket (DATA_S3_URI).
 #
 #   sbatch --array=0-9 jobs/preprocess.sh                        10 raw files (the default)
 #   sbatch --array=0-$((N - 1))%32 --cpus-per-task=16 jobs/preprocess.sh   N files, 32 at a time
@@ -15,6 +16,7 @@
 #   SEQ_LEN          training sequence length: shards hold SEQ_LEN + 1 tokens per sample (2048)
 #   VAL_FRACTION     share of documents held out for validation in DATASET_DIR/val (0.02; 0: none)
 #   PREPROCESS_ARGS  extra flags for `python -m data_pipeline.tokenize run`, e.g. "--shard-mb 512"
+#   DATA_S3_URI      s3://<data bucket> (the node setup writes it); unset: the dataset stays on FSx only
 #SBATCH --job-name=preprocess
 #SBATCH --partition=cpu            # CPU queue: tokenizing needs no GPU
 #SBATCH --array=0-9                # one task per raw file; override on the command line
@@ -39,6 +41,18 @@ read -r -a extra_args <<< "${PREPROCESS_ARGS:-}"
 mkdir -p "$(dirname "$DATASET_DIR")"
 if mkdir "$DATASET_DIR" 2>/dev/null && command -v lfs >/dev/null; then
   lfs setstripe --stripe-count -1 --stripe-size 16M "$DATASET_DIR"
+fi
+
+# The first task, on its first start, queues the copy to S3 for when the whole array has succeeded
+# (afterok): otherwise the shards would live only on FSx, and cdk destroy would take them.
+if [[ -n ${SLURM_ARRAY_JOB_ID:-} && ${SLURM_ARRAY_TASK_ID:-} == "${SLURM_ARRAY_TASK_MIN:-}" && ${SLURM_RESTART_COUNT:-0} == 0 ]]; then
+  if [[ -n ${DATA_S3_URI:-} ]]; then
+    export DATASET_DIR JOBS_DIR
+    sync_job="$(sbatch --parsable --dependency="afterok:$SLURM_ARRAY_JOB_ID" --kill-on-invalid-dep=yes "$JOBS_DIR/sync_dataset.sh")"
+    echo "sync to S3: job $sync_job, once every task of array $SLURM_ARRAY_JOB_ID has succeeded"
+  else
+    echo "DATA_S3_URI is not set: $DATASET_DIR will exist on FSx only" >&2
+  fi
 fi
 
 echo "task ${SLURM_ARRAY_TASK_ID:-all} on $(hostname): $RAW_DIR -> $DATASET_DIR (seq_len $SEQ_LEN)"

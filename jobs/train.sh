@@ -23,6 +23,7 @@
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
 # CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup).
+# When training completes, the backup runs as a CPU job of its own (jobs/backup.sh) after this one.
 set -euo pipefail
 
 MODEL="${1:?usage: train.sh MODEL [--config FILE] [section.key=value ...]}"
@@ -110,9 +111,17 @@ elif [[ $status != complete ]]; then
   exit 1
 fi
 
-# Complete: back the final checkpoint up, from this one process (the batch shell runs once).
+# Complete: the final checkpoint is backed up by a CPU job that starts once this job has ended
+# successfully (afterok), so the GPU nodes are released now rather than after a ~1 TB upload.
 if [[ -z ${CHECKPOINT_S3_URI:-} ]]; then
   echo "CHECKPOINT_S3_URI is not set: final checkpoint left in $CKPT_DIR only" >&2
   exit 0
 fi
-python -m training.backup "$CKPT_DIR" "${CHECKPOINT_S3_URI%/}/$MODEL"
+mkdir -p "$FSX_LOGS/backups"  # Slurm does not create an --output folder
+export JOBS_DIR  # sbatch passes the environment on: the backup job uses the same bundle
+if ! backup_job="$(sbatch --parsable --dependency="afterok:$SLURM_JOB_ID" --kill-on-invalid-dep=yes \
+  --job-name="backup-$MODEL" --output="$FSX_LOGS/backups/%x_%j.out" "$JOBS_DIR/backup.sh" "$MODEL")"; then
+  echo "error: training complete, but the backup job could not be submitted — run: sbatch $JOBS_DIR/backup.sh $MODEL" >&2
+  exit 1
+fi
+echo "backup: job $backup_job (cpu queue, after job $SLURM_JOB_ID succeeds), log $FSX_LOGS/backups/backup-${MODEL}_$backup_job.out"

@@ -4,7 +4,7 @@
 # the jobs' Python environment. Idempotent; every run appends to one log.
 #
 #   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR]
-#                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET]
+#                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET] [--data-uri s3://BUCKET]
 #                      [--models-uri s3://BUCKET/cluster/NAME.models [--models-sha256 HEX]]
 #                      [--timeout SECONDS] [MODEL...]
 #
@@ -98,7 +98,7 @@ lustre_runtime_tuning() {
 install_jobs() {
   # Head node only: the bundle and the venv live on the shared EBS volume at $JOBS_HOME, which
   # every compute node mounts over NFS; building them once keeps PyPI traffic off node boots.
-  local jobs_uri="$1" checkpoint_uri="$2" bundle="$JOBS_HOME/bundle" venv="$JOBS_HOME/venv" requirements stamp
+  local jobs_uri="$1" checkpoint_uri="$2" data_uri="$3" bundle="$JOBS_HOME/bundle" venv="$JOBS_HOME/venv" requirements stamp
   [[ -n "$jobs_uri" ]] || die "head node: --jobs-uri is required to install the jobs bundle"
   install -d -m 0755 "$bundle"
   aws s3 sync --only-show-errors --delete "$jobs_uri" "$bundle/jobs"
@@ -117,13 +117,15 @@ install_jobs() {
     log "jobs venv $venv built from $requirements"
   fi
   # What only the deployment knows, for jobs/env.sh to pick up on every node.
-  printf '# Written by directory_setup.sh; sourced by jobs/env.sh.\nexport CHECKPOINT_S3_URI=%q\n' \
-    "$checkpoint_uri" >"$JOBS_HOME/cluster.env"
+  # CHECKPOINT_S3_URI: where the backup job copies final checkpoints (the backup bucket);
+  # DATA_S3_URI: where tokenized datasets are synced (the data bucket).
+  printf '# Written by directory_setup.sh; sourced by jobs/env.sh.\nexport CHECKPOINT_S3_URI=%q\nexport DATA_S3_URI=%q\n' \
+    "$checkpoint_uri" "$data_uri" >"$JOBS_HOME/cluster.env"
   log "jobs bundle in $bundle: cd $bundle && sbatch jobs/<script>.sh"
 }
 
 main() {
-  local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" timeout=600
+  local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" data_uri="" timeout=600
   local models_uri="" models_sha256="" name
   local models=()
   while (($#)); do
@@ -136,6 +138,7 @@ main() {
       --checkpoint-uri) checkpoint_uri="${2:?}"; shift ;;
       --models-uri) models_uri="${2:?}"; shift ;;
       --models-sha256) models_sha256="${2:?}"; shift ;;
+      --data-uri) data_uri="${2:?}"; shift ;;
       --timeout) timeout="${2:?}"; shift ;;
       --*) usage ;;
       *) models+=("$1") ;;
@@ -196,7 +199,7 @@ main() {
   fi
 
   if [[ "$node_type" == HeadNode ]]; then
-    install_jobs "$jobs_uri" "$checkpoint_uri"
+    install_jobs "$jobs_uri" "$checkpoint_uri" "$data_uri"
   fi
   log "done"
 }

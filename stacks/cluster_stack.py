@@ -64,6 +64,7 @@ class ClusterStack(cdk.Stack):
             data_bucket=storage.data_bucket.bucket_name,
             checkpoint_bucket=storage.checkpoint_bucket.bucket_name,
             assets_bucket=storage.assets_bucket.bucket_name,
+            backup_bucket=storage.backup_bucket.bucket_name,
             placement_group_name=network.placement_group.ref if network.placement_group else None,
             partition=cdk.Aws.PARTITION,
         )

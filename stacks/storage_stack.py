@@ -12,6 +12,12 @@ from stacks.network_stack import NetworkStack
 # Lustre 2.15 is the client version in ParallelCluster's current AMIs.
 LUSTRE_VERSION = "2.15"
 ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
+# How long an overwritten or deleted object stays recoverable (current versions never expire).
+# Backups: long, they are the copy that outlives everything. Checkpoint bucket: every pruned
+# checkpoint becomes an old version (prod writes ~2.3 TB per round of checkpoints of all models),
+# so a week: time to notice an accidental delete on FSx without paying for a month of prunes.
+BACKUP_NONCURRENT_DAYS = 90
+CHECKPOINT_NONCURRENT_DAYS = 7
 
 
 class StorageStack(cdk.Stack):
@@ -22,6 +28,10 @@ class StorageStack(cdk.Stack):
     - checkpoints: exports every new, changed or deleted file to the versioned checkpoint
       bucket, and imports what already is there, so a new cluster resumes from the last run.
     - logs: plain scratch space for job logs and profiles, no bucket.
+
+    The backup bucket is linked to no file system: nothing done on FSx (a prune, a clean-up, a
+    lost file system) can delete or overwrite a backup, and backups never appear on FSx.
+    docs/cdk.md has the durability table (each kind of data, its copies, what destroy does).
     """
 
     def __init__(
@@ -47,9 +57,16 @@ class StorageStack(cdk.Stack):
             "CheckpointBucket",
             removal_policy=cdk.RemovalPolicy.RETAIN,
             versioned=True,
-            # Deleting a checkpoint on FSx deletes it in S3 too; the old version stays recoverable
-            # for 30 days, then stops costing money.
-            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30))],
+            # Deleting a checkpoint on FSx (a prune) deletes it in S3 too; the old version stays
+            # recoverable for a week, then stops costing money. Final checkpoints: backup bucket.
+            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(CHECKPOINT_NONCURRENT_DAYS))],
+        )
+        # Final checkpoints and run logs, written by the backup job (jobs/backup.sh), never by FSx.
+        self.backup_bucket = self._bucket(
+            "BackupBucket",
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+            versioned=True,
+            extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(BACKUP_NONCURRENT_DAYS))],
         )
         # Scripts and configs, re-uploaded by every deploy: nothing to keep.
         self.assets_bucket = self._bucket(
@@ -87,6 +104,7 @@ class StorageStack(cdk.Stack):
         for title, bucket in (
             ("Data", self.data_bucket),
             ("Checkpoint", self.checkpoint_bucket),
+            ("Backup", self.backup_bucket),
             ("Assets", self.assets_bucket),
             ("AccessLog", self.access_log_bucket),
         ):

@@ -2,6 +2,7 @@
 
     python -m data_pipeline.upload sync LOCAL_DIR s3://bucket/prefix [--workers 8] [--part-mb 64]
     python -m data_pipeline.upload verify s3://bucket/prefix [--deep]
+    python -m data_pipeline.upload restore s3://bucket/prefix LOCAL_DIR
 
 sync hashes every file, skips those already in S3 with the same size and SHA-256 (stored as
 object metadata ``sha256`` at upload), uploads the rest in parallel (multipart above
@@ -10,6 +11,9 @@ a manifest means a complete upload; an interrupted sync resumes by running it ag
 verify checks every manifest entry against the objects (presence, size, stored SHA-256; with
 ``--deep`` it downloads and re-hashes) and exits 1 naming each bad file. Both show progress
 (a bar on a terminal, a percent/rate/ETA line every 30 s in logs). Exit codes: docs/cli.md.
+restore copies every manifest entry back into LOCAL_DIR and checks its SHA-256 (files already there
+with the right size and SHA-256 are kept): for a folder no FSx link lazy-loads, e.g. a local NVMe
+cache or a file system without a data repository association.
 
 Credentials come from the usual AWS chain (instance role on the cluster); ``--endpoint-url`` or
 ``AWS_ENDPOINT_URL`` points at another S3 API (tests use a local one).
@@ -128,18 +132,10 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
 
 def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8) -> list[str]:
     """Problems found (empty when every manifest entry matches its object)."""
-    from botocore.exceptions import ClientError
-
     bucket, prefix = parse_s3_url(url)
     s3 = _client(endpoint_url, workers)
     _check_bucket(s3, bucket)
-    try:
-        body = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST))["Body"].read()
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-            raise UploadError(f"no {MANIFEST} at {url} — run `sync` first") from None
-        raise
-    manifest = json.loads(body)["files"]
+    manifest = _read_manifest(s3, bucket, prefix, url)
 
     def check(item) -> str | None:
         try:
@@ -171,6 +167,46 @@ def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8)
         return [p for p in pool.map(check, sorted(manifest.items())) if p]
 
 
+def restore(url: str, local_dir, *, endpoint_url=None, workers: int = 8) -> dict:
+    """Download what ``url``'s manifest lists into ``local_dir``, each file checked against its SHA-256."""
+    bucket, prefix = parse_s3_url(url)
+    s3 = _client(endpoint_url, workers)
+    _check_bucket(s3, bucket)
+    manifest = _read_manifest(s3, bucket, prefix, url)
+    local_dir = Path(local_dir)
+
+    def one(item) -> bool:
+        rel, want = item
+        path = local_dir / rel
+        if path.is_file() and path.stat().st_size == want["size"] and sha256_file(path) == want["sha256"]:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+        s3.download_file(bucket, _key(prefix, rel), str(tmp))
+        got = sha256_file(tmp)
+        if got != want["sha256"]:
+            tmp.unlink()
+            raise UploadError(f"{rel}: downloaded SHA-256 {got}, manifest says {want['sha256']}")
+        tmp.replace(path)  # only complete, checked files get their real name
+        return True
+
+    with ThreadPoolExecutor(workers) as pool:
+        fetched = list(pool.map(one, sorted(manifest.items())))
+    return {"url": url, "dir": str(local_dir), "files": len(fetched), "downloaded": sum(fetched),
+            "skipped": len(fetched) - sum(fetched)}
+
+
+def _read_manifest(s3, bucket: str, prefix: str, url: str) -> dict:
+    from botocore.exceptions import ClientError
+    try:
+        body = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST))["Body"].read()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            raise UploadError(f"no {MANIFEST} at {url} — run `sync` first") from None
+        raise
+    return json.loads(body)["files"]
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m data_pipeline.upload", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,6 +223,9 @@ def main(argv=None) -> int:
     v = sub.add_parser("verify", parents=[common], help="check the objects against the manifest")
     v.add_argument("url", help="s3://bucket/prefix")
     v.add_argument("--deep", action="store_true", help="download and re-hash every object")
+    r = sub.add_parser("restore", parents=[common], help="download the manifest's files and check their SHA-256")
+    r.add_argument("url", help="s3://bucket/prefix")
+    r.add_argument("local_dir")
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error(f"--workers {a.workers}: needs at least 1")
@@ -197,6 +236,9 @@ def main(argv=None) -> int:
         if a.cmd == "sync":
             print(json.dumps(sync(a.local_dir, a.url, endpoint_url=a.endpoint_url,
                                   workers=a.workers, part_mb=a.part_mb)))
+            return 0
+        if a.cmd == "restore":
+            print(json.dumps(restore(a.url, a.local_dir, endpoint_url=a.endpoint_url, workers=a.workers)))
             return 0
         problems = verify(a.url, endpoint_url=a.endpoint_url, deep=a.deep, workers=a.workers)
         for problem in problems:

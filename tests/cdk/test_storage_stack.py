@@ -3,8 +3,10 @@
 import pytest
 from aws_cdk import aws_fsx as fsx
 
-BUCKETS = ("data_bucket", "checkpoint_bucket", "assets_bucket", "access_log_bucket")
-RETAINED = ("data_bucket", "checkpoint_bucket", "access_log_bucket")
+BUCKETS = ("data_bucket", "checkpoint_bucket", "backup_bucket", "assets_bucket", "access_log_bucket")
+RETAINED = ("data_bucket", "checkpoint_bucket", "backup_bucket", "access_log_bucket")
+# Every other bucket holds data a user made (datasets, checkpoints, backups).
+NOT_USER_DATA = ("assets_bucket", "access_log_bucket")
 
 
 def resource(app, stack: str, construct) -> dict:
@@ -41,7 +43,7 @@ def test_every_bucket_is_encrypted_private_and_tls_only(each_env, name):
 def test_buckets_log_access_to_the_access_log_bucket(each_env):
     storage = each_env.stacks["storage"]
     log_bucket_id = storage.get_logical_id(storage.access_log_bucket.node.default_child)
-    for name in ("data_bucket", "checkpoint_bucket", "assets_bucket"):
+    for name in ("data_bucket", "checkpoint_bucket", "backup_bucket", "assets_bucket"):
         logging = resource(each_env, "storage", getattr(storage, name))["Properties"]["LoggingConfiguration"]
         assert logging["DestinationBucketName"] == {"Ref": log_bucket_id}
     assert "LoggingConfiguration" not in resource(each_env, "storage", storage.access_log_bucket)["Properties"]
@@ -51,10 +53,12 @@ def test_data_and_checkpoint_buckets_are_versioned_and_old_versions_expire(each_
     # CPU nodes may delete from the data bucket, and file systems export into both: versions make a
     # mistaken delete recoverable (checkov CKV_AWS_21 found the data bucket unversioned).
     storage = each_env.stacks["storage"]
-    for name in ("data_bucket", "checkpoint_bucket"):
-        bucket = resource(each_env, "storage", getattr(storage, name))["Properties"]
-        assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}, name
-        assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"} in bucket["LifecycleConfiguration"]["Rules"]
+    data = resource(each_env, "storage", storage.data_bucket)["Properties"]
+    assert data["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"} in data["LifecycleConfiguration"]["Rules"]
+    checkpoints = resource(each_env, "storage", storage.checkpoint_bucket)["Properties"]
+    assert checkpoints["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 7}, "Status": "Enabled"} in checkpoints["LifecycleConfiguration"]["Rules"]
     for name in ("assets_bucket", "access_log_bucket"):
         assert "VersioningConfiguration" not in resource(each_env, "storage", getattr(storage, name))["Properties"]
 
@@ -68,6 +72,84 @@ def test_data_checkpoint_and_log_buckets_survive_destroy(each_env):
     assert assets["DeletionPolicy"] == "Delete"
     # Emptied first, or CloudFormation could not delete it.
     assert len(by_type(each_env, "storage", "Custom::S3AutoDeleteObjects")) == 1
+
+
+def data_bearing_buckets(app) -> dict[str, dict]:
+    """Every bucket of the storage template except the assets and access-log buckets, by logical id."""
+    storage = app.stacks["storage"]
+    others = {storage.get_logical_id(getattr(storage, name).node.default_child) for name in NOT_USER_DATA}
+    return {k: r for k, r in by_type(app, "storage", "AWS::S3::Bucket").items() if k not in others}
+
+
+def test_the_data_bearing_buckets_are_data_checkpoints_and_backups(each_env):
+    storage = each_env.stacks["storage"]
+    assert set(data_bearing_buckets(each_env)) == {
+        storage.get_logical_id(getattr(storage, name).node.default_child)
+        for name in ("data_bucket", "checkpoint_bucket", "backup_bucket")
+    }
+
+
+def test_backup_bucket_is_versioned_and_keeps_old_versions_90_days(each_env):
+    backups = resource(each_env, "storage", each_env.stacks["storage"].backup_bucket)["Properties"]
+    assert backups["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 90}, "Status": "Enabled"} in backups["LifecycleConfiguration"]["Rules"]
+
+
+def _data_bucket_versioning_pending(name):
+    # Versioning of the data bucket belongs to the deployment-checks change; once it is in, this
+    # strict xfail fails and the marker must go.
+    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="data bucket versioning not in yet")) \
+        if name == "data_bucket" else name
+
+
+@pytest.mark.parametrize("name", [_data_bucket_versioning_pending(n) for n in ("data_bucket", "checkpoint_bucket", "backup_bucket")])
+def test_every_data_bearing_bucket_is_versioned_retained_and_never_expires_current_data(each_env, name):
+    bucket = resource(each_env, "storage", getattr(each_env.stacks["storage"], name))
+    props = bucket["Properties"]
+    assert (bucket["DeletionPolicy"], bucket["UpdateReplacePolicy"]) == ("Retain", "Retain")
+    assert props.get("VersioningConfiguration") == {"Status": "Enabled"}, f"{name} is not versioned"
+    for rule in props["LifecycleConfiguration"]["Rules"]:
+        # Only old versions and abandoned uploads ever expire, and old versions not within a week.
+        assert not {"ExpirationInDays", "ExpirationDate", "ExpiredObjectDeleteMarker", "Transitions"} & rule.keys(), rule
+        assert rule.get("NoncurrentVersionExpiration", {"NoncurrentDays": 7})["NoncurrentDays"] >= 7, rule
+
+
+def link_targets(app) -> list:
+    """Every S3 location an FSx link of the storage stack reaches: association paths and, for file
+    systems linked without associations, their import and export paths."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("DataRepositoryPath", "ImportPath", "ExportPath"):
+                    found.append(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(app.template_json("storage")["Resources"])
+    return found
+
+
+def test_no_fsx_link_reaches_the_backup_bucket(each_env):
+    storage = each_env.stacks["storage"]
+    targets = link_targets(each_env)
+    assert targets, "no FSx link found: this test would pass for nothing"
+    reached = [token for target in targets for token in _tokens(target)]
+    ref = lambda bucket: {"Ref": storage.get_logical_id(bucket.node.default_child)}  # noqa: E731
+    assert ref(storage.checkpoint_bucket) in reached  # the search sees bucket references at all
+    assert ref(storage.backup_bucket) not in reached, targets
+
+
+def _tokens(value) -> list:
+    """Every {"Ref": ...} inside a CloudFormation value."""
+    if isinstance(value, dict):
+        return [value] if set(value) == {"Ref"} else [t for v in value.values() for t in _tokens(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in _tokens(v)]
+    return []
 
 
 @pytest.mark.parametrize("name", ["data", "checkpoints", "logs"])

@@ -161,8 +161,9 @@ def test_queue_s3_access_is_least_privilege():
     resources = ClusterResources.placeholders(settings)
     gpu, cpu = render_cluster_config(settings, resources)["Scheduling"]["SlurmQueues"]
     access = lambda queue: {a["BucketName"]: a["EnableWriteAccess"] for a in queue["Iam"]["S3Access"]}  # noqa: E731
-    assert access(gpu) == {resources.data_bucket: False, resources.checkpoint_bucket: True, resources.assets_bucket: False}
-    assert access(cpu) == {resources.data_bucket: True, resources.assets_bucket: False}
+    # Training touches FSx only; the CPU jobs sync tokenized data and write backups.
+    assert access(gpu) == {resources.data_bucket: False, resources.assets_bucket: False}
+    assert access(cpu) == {resources.data_bucket: True, resources.backup_bucket: True, resources.assets_bucket: False}
     for queue in (gpu, cpu):
         assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
 
@@ -178,7 +179,8 @@ def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_f
         assert configured["Script"] == f"s3://{resources.assets_bucket}/node_scripts/{DIRECTORY_SETUP_SCRIPT}"
         args = configured["Args"]
         assert args[args.index("--data") + 1] == "/fsx/data"
-        assert args[args.index("--checkpoint-uri") + 1] == f"s3://{resources.checkpoint_bucket}"
+        assert args[args.index("--checkpoint-uri") + 1] == f"s3://{resources.backup_bucket}"
+        assert args[args.index("--data-uri") + 1] == f"s3://{resources.data_bucket}"
         assert args[args.index("--models-uri") + 1] == models_uri
         assert not set(args) & {m.name for m in settings.models}  # no model name in OnNodeConfigured
     assert models_file(settings) == "".join(f"{m.name}\n" for m in settings.models)

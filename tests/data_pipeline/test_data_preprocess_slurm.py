@@ -1,20 +1,38 @@
 """jobs/preprocess.sh as a real Slurm job array on the local two-node cluster."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 import uuid
 
+import boto3
 import pytest
 
 from data_pipeline.sample_data import make_sample
+from data_pipeline.upload import sha256_file
 from data_pipeline.validate import validate
+from tests.s3_server import FAKE_AWS_ENV, s3_server
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_preprocess_array_tokenizes_every_file_and_reruns_as_no_op(slurm_cluster):
+@pytest.fixture(scope="module")
+def data_bucket(slurm_cluster):
+    """A real S3 API (moto_server; the AWS boundary) on the controller's address, which the nodes reach."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config)
+    assert found, config
+    with s3_server(found.group(1)) as url:
+        client = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket="data-test")
+        yield client, {**FAKE_AWS_ENV, "AWS_ENDPOINT_URL": url, "DATA_S3_URI": "s3://data-test"}
+
+
+def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(slurm_cluster, data_bucket):
+    s3, s3_env = data_bucket
     run = f"preprocess-test-{uuid.uuid4().hex[:8]}"
     host = slurm_cluster.fsx / "data" / run  # /fsx/data/<run> inside the nodes
     files, _ = make_sample(host, num_files=4, total_bytes=120_000)
@@ -22,7 +40,9 @@ def test_preprocess_array_tokenizes_every_file_and_reruns_as_no_op(slurm_cluster
     logs.mkdir(parents=True)
     env = {"RAW_DIR": f"/fsx/data/{run}/raw", "DATASET_DIR": f"/fsx/data/{run}/tokenized",
            "TOKENIZER": f"/fsx/data/{run}/tokenizer", "SEQ_LEN": "64",
-           "PREPROCESS_ARGS": "--shard-mb 0.01 --member-kb 1 --batch-mb 0.004 --log-every 0"}
+           "PREPROCESS_ARGS": "--shard-mb 0.01 --member-kb 1 --batch-mb 0.004 --log-every 0",
+           # The sync job the first task submits writes its log beside the tasks' logs.
+           "SBATCH_OUTPUT": f"/fsx/logs/{run}/%x_%j.out", **s3_env}
     options = ["--array=0-3", "--cpus-per-task=1", f"--output=/fsx/logs/{run}/%x_%A_%a.out"]
 
     job = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options)
@@ -40,10 +60,25 @@ def test_preprocess_array_tokenizes_every_file_and_reruns_as_no_op(slurm_cluster
     assert [s["source"] for s in meta.sources] == [f.name for f in files]
     assert len(meta.shards) > 4
 
+    # Then, on the CPU queue once the whole array succeeded, the copy to the data bucket, at the
+    # path the data link maps /fsx/data/<run>/tokenized to.
+    sync_job = re.search(r"sync to S3: job (\d+)", outputs[0].read_text()).group(1)
+    assert slurm_cluster.wait(sync_job, timeout=300) == ("COMPLETED", 0), (logs / f"sync-dataset_{sync_job}.out").read_text()
+    (record,) = slurm_cluster.jobs(sync_job)
+    assert record["Partition"] == "cpu"
+    assert record["StartTime"] >= max(r["EndTime"] for r in slurm_cluster.jobs(job))
+    manifest = json.loads(s3.get_object(Bucket="data-test", Key=f"{run}/tokenized/manifest.json")["Body"].read())
+    local = {p.relative_to(host / "tokenized").as_posix(): p for p in (host / "tokenized").rglob("*") if p.is_file()}
+    assert manifest["files"] == {rel: {"size": p.stat().st_size, "sha256": sha256_file(p)} for rel, p in local.items()}
+    assert '"ok": true' in (logs / f"sync-dataset_{sync_job}.out").read_text()
+
     rerun = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options)
     assert slurm_cluster.wait(rerun, timeout=300) == ("COMPLETED", 0)
     rerun_logs = [p.read_text() for p in logs.glob(f"preprocess_{rerun}_*.out")]
     assert len(rerun_logs) == 4 and all("already done" in t for t in rerun_logs)
+    resync = re.search(r"sync to S3: job (\d+)", "".join(rerun_logs)).group(1)
+    assert slurm_cluster.wait(resync, timeout=300) == ("COMPLETED", 0)
+    assert '"uploaded": 0' in (logs / f"sync-dataset_{resync}.out").read_text()
 
     # Passed: remove what the run left in the shared stand-in FSx (kept on failure to debug).
     shutil.rmtree(host)

@@ -113,3 +113,24 @@ def test_missing_credentials_is_one_clear_line(s3_env, data_dir):
 def test_verify_without_manifest_says_to_sync_first(s3, s3_env):
     rc, _, err = upload(s3_env, "verify", f"s3://{BUCKET}/nothing-here")
     assert rc == 2 and "error: no manifest.json at s3://training-data/nothing-here — run `sync` first" in err
+
+
+def test_restore_downloads_checked_files_keeps_good_ones_and_refuses_bad_bytes(s3, s3_env, data_dir, tmp_path):
+    url = f"s3://{BUCKET}/r"
+    assert upload(s3_env, "sync", data_dir, url, "--part-mb", "5")[0] == 0
+    target = tmp_path / "restored"
+    rc, out, err = upload(s3_env, "restore", url, target)
+    assert (rc, out["downloaded"], out["skipped"]) == (0, 2, 0), err
+    for rel in ("a.txt", "sub/b.bin"):
+        assert (target / rel).read_bytes() == (data_dir / rel).read_bytes()
+    (target / "a.txt").write_text("damaged locally\n")  # only this one is fetched again
+    rc, out, _ = upload(s3_env, "restore", url, target)
+    assert (rc, out["downloaded"], out["skipped"]) == (0, 1, 1)
+    assert (target / "a.txt").read_bytes() == (data_dir / "a.txt").read_bytes()
+    # S3 holds other bytes than the manifest recorded: the file is refused, nothing half-written stays.
+    s3.put_object(Bucket=BUCKET, Key="r/a.txt", Body=b"tampered")
+    elsewhere = tmp_path / "elsewhere"
+    rc, _, err = upload(s3_env, "restore", url, elsewhere)
+    assert rc == 2 and "a.txt: downloaded SHA-256" in err and "manifest says" in err
+    assert not (elsewhere / "a.txt").exists()
+    assert [p.name for p in elsewhere.rglob("*") if p.is_file() and p.name.endswith(".part")] == []

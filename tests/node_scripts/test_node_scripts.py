@@ -145,15 +145,15 @@ def test_head_node_installs_the_jobs_bundle_and_builds_the_venv_once(node):
     aws.write_text(f'#!/bin/sh\nset -e\nfor last; do :; done\nmkdir -p "$last"\ncp -r {bundle_source}/. "$last"/\n')
     aws.chmod(0o755)
     extra = {"JOBS_PYTHON": sys.executable}
-    first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "--checkpoint-uri", "s3://ckpt-bucket",
-                                "model1", extra_env=extra)
+    first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "--checkpoint-uri", "s3://backup-bucket",
+                                "--data-uri", "s3://data-bucket", "model1", extra_env=extra)
     assert first.returncode == 0, first.stderr
     venv = node / "jobs_home" / "venv"
     assert (node / "jobs_home" / "bundle" / "jobs" / "env.sh").is_file()
-    # jobs/env.sh sources this on every node: the training backup's destination.
-    sourced = subprocess.run(["bash", "-c", f"source {node / 'jobs_home' / 'cluster.env'}; echo $CHECKPOINT_S3_URI"],
+    # jobs/env.sh sources this on every node: the backup's and the tokenized data's destinations.
+    sourced = subprocess.run(["bash", "-c", f"source {node / 'jobs_home' / 'cluster.env'}; echo $CHECKPOINT_S3_URI $DATA_S3_URI"],
                              capture_output=True, text=True, check=True)
-    assert sourced.stdout.strip() == "s3://ckpt-bucket"
+    assert sourced.stdout.split() == ["s3://backup-bucket", "s3://data-bucket"]
     assert (venv / "bin" / "python").exists()
     second = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
     assert second.returncode == 0, second.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import boto3
@@ -107,3 +108,74 @@ def test_backup_cli_runs_as_one_process(s3, tmp_path):
     assert "backed up and verified 3 files" in result.stderr
     assert "backup step_00000003: 100.0% (" in result.stderr  # progress, as a log line when not on a terminal
     assert s3.get_object(Bucket=BUCKET, Key="cli/model1/latest")["Body"].read() == b"step_00000003\n"
+
+
+def run_cli(checkpoint_dir: Path, uri: str, *args: str) -> subprocess.Popen:
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.Popen([sys.executable, "-m", "training.backup", str(checkpoint_dir), uri, *args],
+                            env={**os.environ, "PYTHONPATH": str(repo / "jobs")},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_killed_backup_resumes_uploading_only_what_is_missing_or_different(s3, tmp_path):
+    """SIGKILL halfway, one object damaged meanwhile: the rerun uploads only the missing and the
+    damaged objects (one version of every other key, in a versioned bucket), verifies every object,
+    and only then writes latest."""
+    bucket = "ckpt-backup-resume"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    files = {".metadata": 1000, "train_meta.json": 100, **{f"__{i}_0.distcp": 256 * 1024 for i in range(150)}}
+    step_dir = make_checkpoint(tmp_path, 40, files)
+    uri, prefix = f"s3://{bucket}/model1", "model1/step_00000040/"
+
+    def present() -> list[str]:
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="model1/").get("Contents", [])]
+
+    first = run_cli(tmp_path, uri, "--workers", "1")
+    deadline = time.monotonic() + 60
+    while len(present()) < 20:
+        assert first.poll() is None, f"the backup finished before it could be interrupted:\n{first.stdout.read()}"
+        assert time.monotonic() < deadline, "the backup made no progress"
+        time.sleep(0.01)
+    first.kill()
+    first.wait()
+    before = set(present())
+    assert 20 <= len(before) < len(files), len(before)
+    assert "model1/latest" not in before
+    damaged = sorted(before)[0]
+    s3.put_object(Bucket=bucket, Key=damaged, Body=b"not the checkpoint")
+
+    second = run_cli(tmp_path, uri)
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, out
+    missing = len(files) - len(before)
+    assert f"backed up and verified {len(files)} files ({missing + 1} uploaded, {len(before) - 1} already in S3)" in out
+    versions = s3.list_object_versions(Bucket=bucket, Prefix=prefix)["Versions"]
+    counts = {key: sum(v["Key"] == key for v in versions) for key in {v["Key"] for v in versions}}
+    assert counts == {f"{prefix}{name}": 1 for name in files} | {damaged: 3}  # first upload, damage, repair
+    for name in files:
+        body = s3.get_object(Bucket=bucket, Key=f"{prefix}{name}")["Body"].read()
+        assert body == (step_dir / name).read_bytes(), name
+    assert s3.get_object(Bucket=bucket, Key="model1/latest")["Body"].read() == b"step_00000040\n"
+
+
+def test_latest_is_written_after_every_object_is_verified(s3, tmp_path):
+    make_checkpoint(tmp_path, 2, {".metadata": 10, "train_meta.json": 10, "__0_0.distcp": 1000, "__1_0.distcp": 1000})
+    calls = []
+
+    class Recording:
+        def __getattr__(self, name):
+            method = getattr(s3, name)
+
+            def call(*args, **kwargs):
+                key = kwargs.get("Key") or args[2]
+                calls.append((name, key))
+                return method(*args, **kwargs)
+            return call
+
+    backup(tmp_path, f"s3://{BUCKET}/order/model1", client=Recording())
+    assert calls[-1] == ("put_object", "order/model1/latest")
+    heads = [key for name, key in calls[:-1] if name == "head_object"]
+    assert sorted(set(heads)) == sorted(f"order/model1/step_00000002/{n}" for n in
+                                        (".metadata", "train_meta.json", "__0_0.distcp", "__1_0.distcp"))
+    assert all(name in ("head_object", "upload_file") for name, _ in calls[:-1])

@@ -174,13 +174,28 @@ def _processes_running(needle: str) -> list[int]:
     return found
 
 
-def test_final_checkpoint_is_backed_up_once_and_verified(uninterrupted, s3):
+def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(slurm_cluster, uninterrupted, s3):
     client, _ = s3
-    out = uninterrupted.output()
-    assert out.count("backed up and verified") == 1
-    keys = {o["Key"] for o in client.list_objects_v2(Bucket="checkpoints-test", Prefix="runs/model1/")["Contents"]}
+    found = re.search(r"backup: job (\d+) ", uninterrupted.output())
+    assert found, uninterrupted.output()[-3000:]
+    backup_id = found.group(1)
+    SUBMITTED.append(backup_id)
+    state, code = slurm_cluster.wait(backup_id, timeout=300)
+    backup_log = uninterrupted.host_root / f"logs/backups/backup-model1_{backup_id}.out"
+    assert (state, code) == ("COMPLETED", 0), backup_log.read_text()[-3000:] if backup_log.exists() else state
+    (record,), (training,) = slurm_cluster.jobs(backup_id), slurm_cluster.jobs(uninterrupted.id)
+    # Its own single-node job on the CPU queue, started only once the training allocation had ended.
+    assert (record["Partition"], record["NumNodes"], record["JobName"]) == ("cpu", "1", "backup-model1")
+    assert record["StartTime"] >= training["EndTime"], (record["StartTime"], training["EndTime"])
+    assert "backed up and verified" not in uninterrupted.output()
     local = uninterrupted.host_root / "checkpoints/model1/step_00000040"
-    assert keys == {f"runs/model1/step_00000040/{f.name}" for f in local.iterdir()} | {"runs/model1/latest"}
+    n = len(list(local.iterdir()))
+    assert f"backed up and verified {n} files ({n} uploaded, 0 already in S3)" in backup_log.read_text()
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="checkpoints-test", Prefix="runs/model1/")["Contents"]}
+    step_keys = {k for k in keys if k.startswith("runs/model1/step_")}
+    assert step_keys == {f"runs/model1/step_00000040/{f.name}" for f in local.iterdir()}
+    # Metrics and the training job's logs are kept beside the checkpoint, with a manifest.
+    assert {"runs/model1/latest", "runs/model1/logs/manifest.json", "runs/model1/logs/metrics.jsonl"} <= keys
 
 
 def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterrupted):

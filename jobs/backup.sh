@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Back a model's final checkpoint and its logs up to the backup bucket, as a job of its own on the
+# CPU queue (docs/training.md). jobs/train.sh submits it when training completes, with
+# --dependency=afterok on the training job: the GPU nodes are released while it uploads. By hand,
+# e.g. again after an interruption (only what is missing or different in S3 is sent again):
+#   sbatch jobs/backup.sh MODEL
+#
+# Writes s3://<backup bucket>/<model>/step_<N>/... (every object checked: size + SHA-256), then
+# <model>/latest, then the model's log folder (metrics, TensorBoard, Slurm logs) to <model>/logs/
+# with a SHA-256 manifest. No FSx link reaches that bucket: pruning or deleting checkpoints on
+# /fsx/checkpoints leaves the backup alone.
+#
+# Environment: CHECKPOINT_S3_URI (s3://<backup bucket>, written by the node setup), FSX_CHECKPOINTS,
+# FSX_LOGS (jobs/env.sh defaults).
+#SBATCH --job-name=backup
+#SBATCH --partition=cpu            # CPU queue: uploading needs no GPU
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --exclusive                # a whole CPU node: SHA-256 on every core, all of its network bandwidth
+#SBATCH --time=06:00:00            # ~1 TB at the ~1.5 GB/s of a c6i.8xlarge is ~15 min; room to spare
+#SBATCH --requeue                  # after a node failure it runs again and skips what S3 already holds
+#SBATCH --open-mode=append
+#SBATCH --output=%x_%j.out         # train.sh sets /fsx/logs/backups/backup-<model>_<job>.out
+set -euo pipefail
+
+MODEL="${1:?usage: backup.sh MODEL}"
+JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
+# shellcheck source=jobs/env.sh
+source "$JOBS_DIR/env.sh"
+
+if [[ -z ${CHECKPOINT_S3_URI:-} ]]; then
+  echo "error: CHECKPOINT_S3_URI is not set — the node setup writes it to /opt/llm-jobs/cluster.env; set it to s3://<backup bucket>" >&2
+  exit 1
+fi
+dest="${CHECKPOINT_S3_URI%/}/$MODEL"
+echo "backup of $MODEL on $(hostname): $FSX_CHECKPOINTS/$MODEL -> $dest"
+python -m training.backup "$FSX_CHECKPOINTS/$MODEL" "$dest"
+python -m data_pipeline.upload sync "$FSX_LOGS/$MODEL" "$dest/logs"
