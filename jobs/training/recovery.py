@@ -3,7 +3,7 @@
     python -m training.recovery start  LOG_DIR                     # once per (re)start of the job
     python -m training.recovery decide LOG_DIR --exit RC --status STATUS [--reason-file FILE]
 
-``decide`` prints one word for jobs/train.sh — ``complete``, ``requeue`` or ``stop`` — and explains
+``decide`` prints one word for jobs/train.sh — ``complete``, ``requeue``, ``user-error`` or ``give-up`` — and explains
 itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``
 (``{"event": "launch" | "recovery", ...}``), next to the trainer's own lines, so one file tells
 the story of a run: when it restarted, why, and on which nodes.
@@ -12,11 +12,12 @@ Classification of an ending:
   * exit 0, STATUS complete                     -> complete (back up)
   * exit 0, STATUS stopped (time limit, SIGUSR1) -> requeue; planned, not counted against the budget
   * the trainer reported a user error (exit 2: bad config, data or checkpoint; it writes the
-    message to ``--reason-file``)               -> stop: a requeue would fail the same way
+    message to ``--reason-file``)               -> user-error: the job exits 2, no requeue (it
+                                                   would fail the same way)
   * anything else (a rank killed, a NCCL/gloo error, the progress watchdog, a lost node)
                                                 -> requeue and resume from ``latest``, while the
     retry budget lasts: at most ``MAX_RECOVERIES`` (default 5) recoveries of this job within
-    ``RECOVERY_WINDOW_HOURS`` (default 24); then stop with a message, so a crash loop ends.
+    ``RECOVERY_WINDOW_HOURS`` (default 24); then give-up with a message, so a crash loop ends.
 The budget belongs to one job id (one run): a new submission, after a human looked, starts afresh.
 """
 
@@ -79,7 +80,7 @@ def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recov
         message = (f"training stopped on a user error: {reason.removeprefix('user:').strip()} "
                    f"— fix it and submit again (not requeued: it would fail the same way)")
         _append(log_dir, {**record, "cause": reason, "action": "stop"})
-        return "stop", message
+        return "user-error", message
     else:
         cause = reason or f"a training process failed (srun exit {exit_code})"
     earlier = recoveries(log_dir, job["job"], now - window_hours * 3600)
@@ -89,7 +90,7 @@ def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recov
                    f"look at the logs (metrics.jsonl events, hang_*.txt), drain or fix what fails, then resubmit "
                    f"to resume from the latest checkpoint")
         _append(log_dir, {**record, "cause": cause, "action": "stop", "budget_spent": True})
-        return "stop", message
+        return "give-up", message
     n = len(earlier) + 1
     message = f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; requeueing to resume from latest"
     _append(log_dir, {**record, "cause": cause, "action": "requeue", "recovery": n})
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="log this (re)start of the job")
     start.add_argument("log_dir", type=Path)
-    end = sub.add_parser("decide", help="classify how training ended; print complete | requeue | stop")
+    end = sub.add_parser("decide", help="classify how training ended; print complete | requeue | user-error | give-up")
     end.add_argument("log_dir", type=Path)
     end.add_argument("--exit", type=int, required=True, dest="exit_code", help="srun's exit code")
     end.add_argument("--status", default="none", help="the trainer's STATUS file content")
