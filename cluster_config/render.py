@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from cluster_config.settings import Settings
+from cluster_config.slurm_timeouts import custom_slurm_settings
 
 PCLUSTER_VERSION = "3.16.1"  # the schema we validate against and the custom resource we deploy
 
@@ -175,6 +176,8 @@ def _scheduling(settings: Settings, resources: ClusterResources) -> dict[str, An
             "ScaledownIdletime": SCALEDOWN_IDLE_MINUTES,
             "EnableMemoryBasedScheduling": True,
             "QueueUpdateStrategy": "DRAIN",  # updates wait for running jobs instead of killing them
+            # KillWait sized so a SIGTERM (scancel, time limit) leaves time to save (slurm_timeouts.py).
+            "CustomSlurmSettings": custom_slurm_settings(settings),
         },
         "SlurmQueues": [_gpu_queue(settings, resources), _cpu_queue(settings, resources)],
     }

@@ -43,3 +43,16 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   done
   unset _lib
 fi
+
+# gloo (the CPU process groups: stop votes, the checkpoint writer; all of training on CPU) on the
+# same network as NCCL. gloo takes interface names, not NCCL's ^exclusions: the interface holding
+# the address this host's name resolves to, unless that is loopback. The nodes of a queue are
+# identical (same AMI and instance type), so the batch node's answer holds for every node.
+if [[ -z ${GLOO_SOCKET_IFNAME:-} ]] && command -v ip >/dev/null 2>&1; then
+  _addr="$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 { print $1 }')"
+  _ifname="$(ip -o -4 addr show 2>/dev/null | awk -v a="$_addr" '{ split($4, p, "/") } p[1] == a { print $2; exit }')"
+  if [[ -n $_ifname && $_ifname != lo ]]; then
+    export GLOO_SOCKET_IFNAME="$_ifname"
+  fi
+  unset _addr _ifname
+fi

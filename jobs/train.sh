@@ -22,13 +22,21 @@
 # Environment (optional): TRAIN_CONFIG (config file; default jobs/training/configs/<model>.yaml),
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
+# MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 requeues after
+# failures within 24 h; see training/recovery.py),
 # CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup).
 # When training completes, the backup runs as a CPU job of its own (jobs/backup.sh) after this one.
+#
+# Recovery (docs/training.md, "What happens when..."): a failed training step (a rank killed, a
+# collective error, the progress watchdog, a lost node) requeues the job, which resumes from
+# `latest`, while the retry budget lasts; a user error (exit 2: config, data) stops it. A requeued
+# job runs the code and config snapshot taken at its first start.
 set -euo pipefail
 
 MODEL="${1:?usage: train.sh MODEL [--config FILE] [section.key=value ...]}"
 shift
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
+pythonpath_at_submit="${PYTHONPATH:-}"
 # shellcheck source=jobs/env.sh
 source "$JOBS_DIR/env.sh"
 
@@ -36,6 +44,43 @@ CKPT_DIR="$FSX_CHECKPOINTS/$MODEL"
 LOG_DIR="$FSX_LOGS/$MODEL"
 CONFIG="${TRAIN_CONFIG:-$JOBS_DIR/training/configs/$MODEL.yaml}"
 mkdir -p "$CKPT_DIR" "$LOG_DIR"
+
+# The same code on every restart: at the job's first start, copy jobs/ (this script included), the
+# config files and the arguments to $LOG_DIR/code/<job id>/, and run that copy, now and on every
+# requeue, even if a cluster update rewrites jobs/ in between. A new submission takes the new code.
+SNAPSHOT="$LOG_DIR/code/$SLURM_JOB_ID"
+if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
+  if [[ ! -f $SNAPSHOT/args ]]; then
+    rm -rf "$SNAPSHOT.tmp" && mkdir -p "$SNAPSHOT.tmp"
+    cp -r "$JOBS_DIR" "$SNAPSHOT.tmp/jobs"
+    find "$SNAPSHOT.tmp/jobs" -name __pycache__ -prune -exec rm -rf {} +
+    cp "$CONFIG" "$SNAPSHOT.tmp/config.yaml"
+    args=(--config "$SNAPSHOT/config.yaml")
+    while (($#)); do  # a --config FILE among the arguments is copied too
+      case $1 in
+        --config) cp "${2:?--config needs a file}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
+          args+=(--config "$SNAPSHOT/config-${#args[@]}.yaml"); shift ;;
+        --config=*) cp "${1#--config=}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
+          args+=(--config "$SNAPSHOT/config-${#args[@]}.yaml") ;;
+        *) args+=("$1") ;;
+      esac
+      shift
+    done
+    printf '%s\0' "${args[@]}" >"$SNAPSHOT.tmp/args"
+    python -m pip freeze --disable-pip-version-check >"$SNAPSHOT.tmp/venv-freeze.txt" 2>/dev/null || true
+    mv "$SNAPSHOT.tmp" "$SNAPSHOT"
+    echo "job $SLURM_JOB_ID: code and config snapshot in $SNAPSHOT (requeues run it)"
+  else
+    echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: running the snapshot taken at its first start, $SNAPSHOT"
+    if ! python -m pip freeze --disable-pip-version-check 2>/dev/null | cmp -s - "$SNAPSHOT/venv-freeze.txt"; then
+      echo "WARNING: the jobs venv $JOBS_VENV changed since this job first started (see $SNAPSHOT/venv-freeze.txt)" >&2
+    fi
+  fi
+  mapfile -d '' -t args <"$SNAPSHOT/args"
+  RUNNING_SNAPSHOT="$SNAPSHOT" JOBS_DIR="$SNAPSHOT/jobs" PYTHONPATH="$pythonpath_at_submit" \
+    exec bash "$SNAPSHOT/jobs/train.sh" "$MODEL" "${args[@]}"
+fi
+CONFIG="$SNAPSHOT/config.yaml"  # the arguments carry it already; named here for the log line
 
 # c10d rendezvous on the first node of the allocation; every torchrun joins it.
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
@@ -51,7 +96,22 @@ if [[ -n ${CONTAINER_IMAGE:-} ]]; then
     --container-workdir="$SLURM_SUBMIT_DIR")
 fi
 echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $MODEL on ${SLURM_NNODES} nodes x ${NPROC_PER_NODE}" \
-  "workers, rendezvous $MASTER_ADDR:$RDZV_PORT, config $CONFIG ${*:-}"
+  "workers ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$RDZV_PORT, ${*:-}"
+python -m training.recovery start "$LOG_DIR"  # a "launch" event with SLURM_RESTART_COUNT in metrics.jsonl
+
+# Hang evidence: the collectives flight recorder (NCCL on GPUs, gloo on CPUs) keeps each rank's last
+# collectives; the progress watchdog dumps it with the Python stacks, and NCCL itself dumps it to
+# fr_trace_<job>_rank<r> in the log folder when a collective times out.
+export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}" TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
+export TORCH_FR_DUMP_TEMP_FILE="$LOG_DIR/fr_trace_${SLURM_JOB_ID}_rank"
+export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$TORCH_FR_DUMP_TEMP_FILE"
+# Where a worker says why it failed ("user: ..." for bad input, "hang: ..." from the watchdog).
+export TRAIN_FAILURE_FILE="$CKPT_DIR/FAILURE"
+# SIGTERM (scancel, the time limit) to SIGKILL: Slurm's KillWait, sized for a save (CustomSlurmSettings).
+# torchrun would otherwise kill the saving workers after its own 30 s.
+KILL_WAIT="$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')"
+KILL_WAIT="${KILL_WAIT:-30}"
 
 # Steps run their command through this: the launcher (torchrun, nvidia-smi) ignores SIGUSR1, which
 # would otherwise kill it; the training workers install their own handler over the inherited one.
@@ -79,11 +139,11 @@ fi
 cancelled=0
 trap 'cancelled=1; echo "SIGTERM: waiting for the workers to save"' TERM
 
-rm -f "$CKPT_DIR/STATUS"  # the trainer writes it (complete | stopped) when it ends cleanly
+rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
 # --kill-on-bad-exit: a failed node (a killed rank) ends the whole step at once instead of
 # leaving the others blocked in a collective until the timeout.
 srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" "${container[@]}" "${ignore_usr1[@]}" \
-  torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+  torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" --shutdown-timeout="$KILL_WAIT" \
   --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$RDZV_PORT" \
   -m training.train --config "$CONFIG" name="$MODEL" "$@" &
 train_pid=$!
@@ -99,17 +159,16 @@ status="$(cat "$CKPT_DIR/STATUS" 2>/dev/null || echo none)"
 echo "training ended: srun exit $rc, status $status"
 if ((cancelled)); then
   exit "$rc"
-elif ((rc != 0)); then
-  echo "training failed (exit $rc); resubmit to resume from the latest checkpoint in $CKPT_DIR" >&2
-  exit "$rc"
-elif [[ $status == stopped ]]; then
-  echo "stopped early with a checkpoint saved: requeueing job $SLURM_JOB_ID"
-  scontrol requeue "$SLURM_JOB_ID"
-  exit 0
-elif [[ $status != complete ]]; then
-  echo "training exited 0 without writing $CKPT_DIR/STATUS" >&2
-  exit 1
 fi
+# complete | requeue | user-error | give-up, with the reason on stderr and an event in metrics.jsonl.
+action="$(python -m training.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
+case $action in
+  requeue)
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0 ;;
+  user-error) exit 2 ;;
+  give-up) exit $((rc ? rc : 1)) ;;
+esac
 
 # Complete: the final checkpoint is backed up by a CPU job that starts once this job has ended
 # successfully (afterok), so the GPU nodes are released now rather than after a ~1 TB upload.

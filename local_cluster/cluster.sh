@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# A real two-node Slurm 22.05 cluster on this one machine, for testing the sbatch payloads.
+# A real three-node Slurm 22.05 cluster on this one machine, for testing the sbatch payloads.
 #
 #   local_cluster/cluster.sh up       start it (installs the Debian packages if missing); idempotent
 #   local_cluster/cluster.sh down     stop what `up` started and remove what it created; idempotent
 #   local_cluster/cluster.sh status   short health summary; exits non-zero unless the cluster is up
 #
-# Layout: slurmctld and munged run on the host (the "head node"); node1 and node2 each run a
+# Layout: slurmctld and munged run on the host (the "head node"); node1, node2 and node3 each run a
 # slurmd in their own network + UTS + mount namespace, with a veth into a host bridge, their own
 # hostname and address, a private /etc/hosts and .local_cluster/fsx bind-mounted on /fsx.
-# The bridge has no route out and no NAT, so no traffic leaves the machine.
+# The bridge has no route out and no NAT, so no traffic leaves the machine. Three nodes, so that a
+# two-node job can move off a node its health check drained (node_scripts/slurm_health_hook.sh runs as
+# prolog and epilog, with local_cluster/health_check.sh standing in for the GPU/EFA checks).
 # Everything the cluster writes lives under .local_cluster/ in the repository root.
 set -euo pipefail
 
@@ -28,7 +30,7 @@ MUNGE_SOCKET="$RUN/munge/munge.socket"
 NET_PREFIX="${LOCAL_CLUSTER_NET:-10.199.77}"
 BRIDGE=lcbr0
 HEAD_IP="$NET_PREFIX.1"
-NODES=(node1 node2)
+NODES=(node1 node2 node3)
 # Non-default ports, so a Slurm already installed on the host is not disturbed.
 CTLD_PORT=16817
 SLURMD_PORT=16818
@@ -145,24 +147,38 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGS/jobcomp.txt
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-# Schedule within seconds instead of the default 30-60 s.
-SchedulerParameters=bf_interval=1,sched_interval=2
+# Schedule within seconds instead of the default 30-60 s; a job whose prolog failed goes back to
+# the queue instead of being held (as on ParallelCluster).
+SchedulerParameters=bf_interval=1,sched_interval=2,nohold_on_prolog_fail
+# The node health check before and after every job (ParallelCluster: prolog.d/ and epilog.d/).
+Prolog=$ETC/prolog.sh
+Epilog=$ETC/epilog.sh
 MpiDefault=none
 MailProg=/bin/true
 # Trust the node lines below rather than the host's 2 cores: each node advertises its own CPUs.
 SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmdTimeout=60
-KillWait=5
+# Seconds between SIGTERM and SIGKILL at scancel / the time limit: room for the workers' save
+# (ParallelCluster: CustomSlurmSettings, sized in cluster_config/render.py).
+KillWait=30
 InactiveLimit=0
 EOF
     for node in "${NODES[@]}"; do
       echo "NodeName=$node NodeAddr=$(node_ip "$node") NodeHostname=$node CPUs=$NODE_CPUS Sockets=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$NODE_MEMORY_MB State=UNKNOWN"
     done
-    # Same queue names as the ParallelCluster config; both partitions span both nodes.
+    # Same queue names as the ParallelCluster config; both partitions span all nodes.
     echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
     echo "PartitionName=cpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=NO MaxTime=INFINITE State=UP"
   } >"$ETC/slurm.conf"
+
+  # Prolog and epilog: the node scripts' hook with the stand-in check (slurmd runs them with no PATH).
+  local hook
+  for hook in prolog epilog; do
+    printf '#!/bin/bash\nexport PATH=/usr/bin:/bin:/usr/sbin:/sbin HEALTH_CHECK=%q HEALTH_LOG=%q\nexec %q\n' \
+      "$REPO/local_cluster/health_check.sh" "$LOGS/node-health.log" "$REPO/node_scripts/slurm_health_hook.sh" >"$ETC/$hook.sh"
+    chmod 755 "$ETC/$hook.sh"
+  done
 
   for node in "${NODES[@]}"; do
     {

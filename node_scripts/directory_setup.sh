@@ -124,6 +124,21 @@ install_jobs() {
   log "jobs bundle in $bundle: cd $bundle && sbatch jobs/<script>.sh"
 }
 
+install_health_hooks() {
+  # Head node only: /opt/slurm is shared with every compute node. The node health check runs as a
+  # Slurm prolog and epilog (see slurm_health_hook.sh); the node scripts sit beside the jobs bundle
+  # in the assets bucket (s3://BUCKET/node_scripts/).
+  local scripts_uri="${1%/jobs/}/node_scripts" slurm_etc="${SLURM_ETC:-/opt/slurm/etc}" hook
+  install -d -m 0755 "$slurm_etc/llm" "$slurm_etc/scripts/prolog.d" "$slurm_etc/scripts/epilog.d"
+  aws s3 cp --only-show-errors "$scripts_uri/slurm_health_hook.sh" "$slurm_etc/llm/slurm_health_hook.sh"
+  aws s3 cp --only-show-errors "$scripts_uri/node_health.sh" "$slurm_etc/llm/node_health.sh"
+  chmod 0755 "$slurm_etc/llm/slurm_health_hook.sh" "$slurm_etc/llm/node_health.sh"
+  for hook in prolog epilog; do
+    install -m 0755 "$slurm_etc/llm/slurm_health_hook.sh" "$slurm_etc/scripts/$hook.d/80_llm_node_health"
+  done
+  log "node health check installed as Slurm prolog and epilog ($slurm_etc/scripts/{prolog,epilog}.d/80_llm_node_health)"
+}
+
 main() {
   local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" data_uri="" timeout=600
   local models_uri="" models_sha256="" name
@@ -200,6 +215,7 @@ main() {
 
   if [[ "$node_type" == HeadNode ]]; then
     install_jobs "$jobs_uri" "$checkpoint_uri" "$data_uri"
+    install_health_hooks "$jobs_uri"
   fi
   log "done"
 }

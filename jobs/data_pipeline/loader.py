@@ -194,7 +194,7 @@ class TokenLoader:
     def __init__(self, path, *, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 2, seed: int = 0, pin_memory: bool = False,
                  prefetch_factor: int = 4, vocab_size: int | None = None,
-                 skip_bad_shards: bool = False):
+                 skip_bad_shards: bool = False, timeout_s: float = 0):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, world_size={world_size})")
         if batch_size < 1 or num_workers < 0:
@@ -212,6 +212,9 @@ class TokenLoader:
                                f"fewer than world_size x batch_size = {world_size} x {batch_size}")
         self.rank, self.world_size, self.batch_size, self.seed = rank, world_size, batch_size, seed
         self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
+        # With workers: a batch that takes longer than this (a stalled file system read) raises in
+        # the training loop instead of waiting silently; 0 waits forever.
+        self.timeout_s = timeout_s
         self._fingerprint = fingerprint(shards)
         self._next = 0  # batches handed out by this rank so far, across epochs
 
@@ -250,7 +253,7 @@ class TokenLoader:
 
     def __iter__(self):
         stream = _BatchStream(self.meta, self._files, self.plan, self._next)
-        extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers else {}
+        extra = {"prefetch_factor": self.prefetch_factor, "timeout": self.timeout_s} if self.num_workers else {}
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, **extra)
         shape = (self.batch_size, self.meta.sample_tokens)
         for raw in loader:

@@ -14,6 +14,13 @@ At most one save is in flight: the state is copied to CPU memory (the only time 
 waits), written by a background thread, and the next save first waits for the previous one.
 Old checkpoints are deleted by a cleaner thread on rank 0, never in the training loop: removing
 a 70B checkpoint's folder on Lustre takes long enough to stall every rank at the next collective.
+
+Full disks: before each save, rank 0 compares the checkpoint's size (every tensor of the state,
+counted once) with the free space of the file system and all ranks follow its answer. A periodic
+save that does not fit is skipped with a warning naming the path and the numbers (training goes
+on; ``latest`` still names the previous checkpoint); a final save that does not fit raises
+``NoRoomForCheckpoint`` (exit 2: a human must make room). A save that fails anyway (the disk
+filled while writing) is logged and its partial folder removed; ``latest`` is never touched.
 """
 
 from __future__ import annotations
@@ -27,8 +34,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.tensor import DTensor
 
 from .distributed import Dist
 
@@ -38,8 +48,15 @@ META = "train_meta.json"
 STEP_DIR = re.compile(r"step_(\d{8})")
 
 
+SPACE_MARGIN = 1.05  # DCP metadata and file-system block rounding on top of the tensors' bytes
+
+
 class CheckpointMismatch(RuntimeError):
     """The checkpoint was written for a different model than the one configured."""
+
+
+class NoRoomForCheckpoint(RuntimeError):
+    """The final checkpoint does not fit on the checkpoint file system."""
 
 
 class Checkpointer:
@@ -60,14 +77,45 @@ class Checkpointer:
         start = time.perf_counter()
         self.wait()
         path = self.step_dir(step)
+        problem = self._no_room(step, state)
+        if problem and wait:
+            raise NoRoomForCheckpoint(f"{problem}: cannot save the final checkpoint. Free space there (or lower "
+                                      f"checkpoint.keep), then resubmit: the run resumes from `latest`")
+        if problem:
+            log.warning("%s: skipping this checkpoint, training goes on and `latest` stays at step %d. Free space "
+                        "there or lower checkpoint.keep", problem, self.latest_step())
+            return time.perf_counter() - start
         if self.async_save and not wait:
             future = dcp.async_save(state, checkpoint_id=path, process_group=self.d.checkpoint_group,
                                     async_stager=self._stager)
             self._pending = (future, step, start)
         else:
-            dcp.save(state, checkpoint_id=path, process_group=self.d.checkpoint_group)
+            try:
+                dcp.save(state, checkpoint_id=path, process_group=self.d.checkpoint_group)
+            except (Exception, dcp.CheckpointException) as exc:
+                self._failed(step, exc)
+                raise NoRoomForCheckpoint(f"the final checkpoint {path} could not be written ({_first_line(exc)}); "
+                                          f"`latest` still names step {self.latest_step()}") from None
             self._commit(step, start)
         return time.perf_counter() - start
+
+    def _no_room(self, step: int, state: dict) -> str:
+        """Why ``state`` does not fit in the checkpoint file system ('' if it does); the same on every rank."""
+        numbers = torch.zeros(2, dtype=torch.float64)
+        if self.d.is_main:
+            usage = shutil.disk_usage(self.dir)
+            numbers[0], numbers[1] = state_bytes(state) * SPACE_MARGIN, usage.free
+        dist.broadcast(numbers, src=0, group=self.d.checkpoint_group)
+        needed, free = numbers.tolist()
+        if free >= needed:
+            return ""
+        return (f"checkpoint step {step} needs {needed / 2**30:.2f} GiB but {self.dir} has {free / 2**30:.2f} GiB free")
+
+    def _failed(self, step: int, exc: BaseException) -> None:
+        log.error("checkpoint step %d could not be written (%s: %s); `latest` still names step %d",
+                  step, type(exc).__name__, _first_line(exc), self.latest_step())
+        if self.d.is_main:
+            shutil.rmtree(self.step_dir(step), ignore_errors=True)
 
     def poll(self) -> None:
         """Commit the in-flight save if it has finished; never blocks."""
@@ -79,7 +127,11 @@ class Checkpointer:
         if self._pending:
             future, step, start = self._pending
             self._pending = None
-            future.result()
+            try:
+                future.result()
+            except (Exception, dcp.CheckpointException) as exc:  # a full disk, a lost file system: go on
+                self._failed(step, exc)
+                return
             self._commit(step, start)
 
     def close(self) -> None:
@@ -182,6 +234,21 @@ class Checkpointer:
                 f"checkpoint {self.step_dir(step)} was written for a different model ({detail}). "
                 f"Use a new checkpoint.dir (or model name) for this model, or set the config back."
             )
+
+
+def state_bytes(state) -> int:
+    """Bytes of every tensor in a (nested) state dict; a sharded DTensor counts at its full size, once."""
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    if isinstance(state, (torch.Tensor, DTensor)):
+        return state.numel() * state.element_size()
+    return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def write_atomic(path: Path, text: str) -> None:

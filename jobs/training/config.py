@@ -52,6 +52,7 @@ class DataConfig(_Section):
     path: str = Field("${FSX_DATA}/tokenized", description="token shards (where jobs/preprocess.sh writes by default)")
     seq_len: int = Field(256, gt=0, description="tokens per sequence; must match the dataset")
     num_workers: int = Field(2, ge=0, description="data-loader worker processes per rank")
+    timeout_s: int = Field(300, ge=0, description="a batch slower than this (a stalled read) is an error; 0: wait")
     seed: int = Field(0, description="shuffle seed")
 
 
@@ -72,12 +73,16 @@ class TrainConfig(_Section):
     parallelism: Literal["ddp", "fsdp"] = Field("fsdp", description="ddp or fsdp")
     activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
     seed: int = Field(0, description="weight-initialization seed")
-    timeout_s: int = Field(600, gt=0, description="collective timeout: a dead peer ends the job after this at the latest")
+    init_timeout_s: int = Field(300, gt=0, description="collective timeout until the first step is done (start-up)")
+    timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
+    watchdog_floor_s: float = Field(180, gt=0, description="progress watchdog: shortest window without a step")
+    watchdog_factor: float = Field(10, gt=0, description="progress watchdog: window = this x the median step time")
 
 
 class CheckpointConfig(_Section):
     dir: str = Field("", description="default: $FSX_CHECKPOINTS/<name>")
     every: int = Field(500, gt=0, description="steps between saves")
+    every_minutes: float = Field(0, ge=0, description="also save when this long has passed since the last save; 0: off")
     keep: int = Field(3, gt=0, description="complete checkpoints kept on disk")
     async_save: bool = Field(True, description="write in a background thread; training waits only for the copy to CPU")
 

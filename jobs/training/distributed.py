@@ -57,6 +57,15 @@ def init(timeout_s: int) -> Dist:
     return Dist(rank, world_size, local_rank, device, control, checkpoint)
 
 
+def set_timeout(d: Dist, timeout_s: int) -> None:
+    """Shorten the collective timeout once start-up is over (torchtitan: 300 s, then 100 s): a dead or
+    stuck peer then ends the step in ~2 minutes instead of idling every GPU for the start-up allowance.
+    The checkpoint writer's group keeps the long one: its collectives wait for the slowest rank's write."""
+    timeout = timedelta(seconds=timeout_s)
+    for group in (None, d.control_group):  # None: the default (training) group
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -10,9 +10,12 @@ the last finished step was saved), which the batch script uses to back up or req
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import os
 import sys
+import time
 import zlib
 
 import torch
@@ -22,12 +25,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
+from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, write_atomic
 from .config import Config, ConfigError, config_keys, load_config
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
 from .optim import build_optimizer, lr_at, set_lr
 from .signals import StopRequest
+from .watchdog import ProgressWatchdog
 
 log = logging.getLogger("training")
 
@@ -46,6 +50,10 @@ class Trainer:
         # the handler, so Slurm's SIGTERM to every process of the step does not kill them before the save.
         self.stop = StopRequest()
         self.cfg, self.d = cfg, d
+        # A rank with no step within the window dumps its stacks and exits, so the job recovers.
+        self.watchdog = ProgressWatchdog(log_dir=cfg.log.dir, rank=d.rank, init_timeout_s=cfg.train.init_timeout_s,
+                                         floor_s=cfg.train.watchdog_floor_s, factor=cfg.train.watchdog_factor,
+                                         failure_file=os.environ.get("TRAIN_FAILURE_FILE")).start()
         if d.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
 
@@ -71,12 +79,14 @@ class Trainer:
         self.accum = cfg.grad_accum_steps(d.world_size)
         self.loader = TokenLoader(cfg.data.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,
                                   rank=d.rank, world_size=d.world_size, num_workers=cfg.data.num_workers,
-                                  seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size)
+                                  seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size,
+                                  timeout_s=cfg.data.timeout_s)
         identity = {"preset": cfg.model.preset, "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
                     "layers": model_config.num_hidden_layers, "hidden": model_config.hidden_size}
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity)
-        self.step = self._resume()
+        with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
+            self.step = self._resume()
         self.metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
                                world_size=d.world_size, device=d.device,
                                tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
@@ -90,8 +100,12 @@ class Trainer:
         metrics.event(kind="start", step=self.step, world_size=d.world_size, resumed=self.step > 0)
         batches = iter(self.loader)
         stopping = False
+        first_step, last_save = self.step, time.monotonic()
         while self.step < cfg.train.steps and not stopping:
             loss, grad_norm, lr = self.train_step(batches)
+            self.watchdog.step_done(self.step)
+            if self.step == first_step + 1:  # start-up is over: the short collective timeout from now on
+                distributed.set_timeout(d, cfg.train.timeout_s)
             ckpt.poll()
             stopping = distributed.any_rank(self.stop.requested, d)
             last = self.step == cfg.train.steps or stopping
@@ -100,10 +114,17 @@ class Trainer:
                     grad_norm = grad_norm.full_tensor()
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item())
-            if self.step % cfg.checkpoint.every == 0 or last:
-                metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last))
+            due = self.step % cfg.checkpoint.every == 0 or last
+            if cfg.checkpoint.every_minutes and not due:  # on any rank's clock, so all ranks save together
+                due = distributed.any_rank(time.monotonic() - last_save >= 60 * cfg.checkpoint.every_minutes, d)
+            if due:
+                with self.watchdog.allow(cfg.train.init_timeout_s):  # a final save is synchronous
+                    metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last))
+                last_save = time.monotonic()
 
-        ckpt.close()
+        with self.watchdog.allow(cfg.train.init_timeout_s):
+            ckpt.close()
+        self.watchdog.close()
         status = "complete" if self.step >= cfg.train.steps else "stopped"
         if stopping:
             log.warning("stopped at step %d on %s after saving a checkpoint", self.step,
@@ -181,18 +202,32 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        _report_user_error(f"config error: {exc}")
         return 2
-    d = distributed.init(cfg.train.timeout_s)
+    faulthandler.enable(all_threads=True)  # a crash or an abort (NCCL timeout) prints every thread's stack
+    d = distributed.init(cfg.train.init_timeout_s)
     logging.basicConfig(level=logging.INFO if d.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     try:
         train(cfg, d)
-    except (ConfigError, DatasetError, CheckpointMismatch) as exc:
+    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint) as exc:
         log.error("%s", exc)
+        _report_user_error(str(exc))
         return 2
     finally:
         distributed.shutdown()
     return 0
+
+
+def _report_user_error(message: str) -> None:
+    """Tell jobs/train.sh that this failure needs a human, not a requeue (torchrun's exit code cannot)."""
+    path = os.environ.get("TRAIN_FAILURE_FILE")
+    if path:
+        try:
+            with open(path, "w") as f:
+                f.write(f"user: {message}\n")
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
 
 
 if __name__ == "__main__":

@@ -199,3 +199,32 @@ def test_validate_names_each_bad_shard_and_shows_progress(dp_copy):
     (dp_copy / "dataset.json").unlink()
     r = run_module("data_pipeline.validate", dp_copy)
     assert r.returncode == 2 and r.stderr.startswith(f"error: no dataset.json in {dp_copy}")
+
+
+def test_a_stalled_worker_is_an_error_after_the_timeout_not_a_silent_wait(dp_dataset):
+    """A worker stopped mid-run (what a hung file system read looks like) ends in the loop's next()."""
+    import signal
+    import time
+    from pathlib import Path
+
+    loader = TokenLoader(dp_dataset.path, batch_size=2, seq_len=SEQ_LEN, num_workers=1, prefetch_factor=1,
+                         timeout_s=1)
+    batches = iter(loader)
+    next(batches)
+    me = str(os.getpid())
+    workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+               if p.read_text().rsplit(")", 1)[1].split()[1] == me]
+    assert workers, "no DataLoader worker found"
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+            for _ in range(10):
+                next(batches)
+        # The error arrives after the 1 s timeout plus the DataLoader's shutdown of the stopped
+        # worker (joins of up to 5 s each), not never.
+        assert time.monotonic() - start < 30
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)

@@ -10,9 +10,9 @@ import pytest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-OUR_LINKS = ("lcbr0", "lcveth1", "lcveth2")
+OUR_LINKS = ("lcbr0", "lcveth1", "lcveth2", "lcveth3")
 OUR_STATE = f"{Path(__file__).resolve().parents[2]}/.local_cluster/"  # munged of this checkout's cluster
-OUR_NETNS = ("lc-node1", "lc-node2")
+OUR_NETNS = ("lc-node1", "lc-node2", "lc-node3")
 
 
 def daemons() -> list[str]:
@@ -53,7 +53,7 @@ def test_up_down_twice_leaves_nothing_behind(cluster_session):
             cluster.up()
             assert cluster.is_up()
             status = cluster.cluster_sh("status")
-            assert "node1" in status.stdout and "node2" in status.stdout and "idle" in status.stdout
+            assert all(f"node{i}" in status.stdout for i in (1, 2, 3)) and "idle" in status.stdout
             assert cluster.cluster_sh("up").returncode == 0  # idempotent while up
             cluster.down()
             assert not cluster.is_up()

@@ -135,16 +135,19 @@ def test_directory_setup_rejects_a_model_name_that_is_not_a_directory_name(node)
 
 
 @needs_mount_namespace
-def test_head_node_installs_the_jobs_bundle_and_builds_the_venv_once(node):
+def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(node):
     (node / "cfnconfig").write_text("cfn_node_type=HeadNode\ncfn_cluster_user=nobody\n")
-    bundle_source = node / "s3_jobs"
-    bundle_source.mkdir()
-    (bundle_source / "env.sh").write_text("# env\n")
-    (bundle_source / "requirements-jobs.txt").write_text("# nothing to install in this test\n")
-    aws = node / "bin" / "aws"  # the AWS boundary: `aws s3 sync URI DIR` copies from a local folder
-    aws.write_text(f'#!/bin/sh\nset -e\nfor last; do :; done\nmkdir -p "$last"\ncp -r {bundle_source}/. "$last"/\n')
+    bucket = node / "s3_assets"  # the assets bucket: jobs/ and node_scripts/ as the stack uploads them
+    (bucket / "jobs").mkdir(parents=True)
+    (bucket / "jobs" / "env.sh").write_text("# env\n")
+    (bucket / "jobs" / "requirements-jobs.txt").write_text("# nothing to install in this test\n")
+    shutil.copytree(SCRIPTS, bucket / "node_scripts")
+    aws = node / "bin" / "aws"  # the AWS boundary: `aws s3 sync|cp s3://assets/KEY DEST` copies from the folder
+    aws.write_text(f'#!/bin/bash\nset -e\nargs=(); for a; do [[ $a == --* ]] || args+=("$a"); done\n'
+                   f'src="{bucket}/${{args[2]#s3://assets/}}" dst="${{args[3]}}"\n'
+                   f'if [[ ${{args[1]}} == sync ]]; then mkdir -p "$dst"; cp -r "$src"/. "$dst"/; else cp "$src" "$dst"; fi\n')
     aws.chmod(0o755)
-    extra = {"JOBS_PYTHON": sys.executable}
+    extra = {"JOBS_PYTHON": sys.executable, "SLURM_ETC": str(node / "slurm_etc")}
     first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "--checkpoint-uri", "s3://backup-bucket",
                                 "--data-uri", "s3://data-bucket", "model1", extra_env=extra)
     assert first.returncode == 0, first.stderr
@@ -155,9 +158,54 @@ def test_head_node_installs_the_jobs_bundle_and_builds_the_venv_once(node):
                              capture_output=True, text=True, check=True)
     assert sourced.stdout.split() == ["s3://backup-bucket", "s3://data-bucket"]
     assert (venv / "bin" / "python").exists()
+    # The health check runs before and after every job, from the folders ParallelCluster's slurm.conf names.
+    for hook in ("prolog", "epilog"):
+        installed = node / "slurm_etc" / "scripts" / f"{hook}.d" / "80_llm_node_health"
+        assert installed.read_text() == (SCRIPTS / "slurm_health_hook.sh").read_text()
+        assert os.access(installed, os.X_OK)
+    assert os.access(node / "slurm_etc" / "llm" / "node_health.sh", os.X_OK)
     second = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
     assert second.returncode == 0, second.stderr
     assert f"jobs venv {venv} is up to date" in second.stderr
+
+
+def _hook(tmp_path, check: str, context: str, conf: str = "/nonexistent"):
+    """Run the prolog/epilog hook with a given check; scontrol (Slurm's controller) records its arguments."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >>{tmp_path}/scontrol.calls\n')
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HEALTH_CHECK": check, "HEALTH_CONF": conf,
+           "HEALTH_LOG": str(tmp_path / "health.log"), "SLURMD_NODENAME": "gpu-st-p5e-3", "SLURM_JOB_ID": "77",
+           "SLURM_SCRIPT_CONTEXT": f"{context}_slurmd"}
+    result = subprocess.run(["bash", str(SCRIPTS / "slurm_health_hook.sh")], env=env, capture_output=True, text=True)
+    calls = tmp_path / "scontrol.calls"
+    return result.returncode, calls.read_text() if calls.exists() else ""
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_health_hook_drains_a_failing_node_with_the_reason(tmp_path):
+    check = _script(tmp_path / "check.sh", "echo probing\necho 'nvidia-smi sees 7 of 8 GPUs'\nexit 1")
+    rc, calls = _hook(tmp_path, check, "epilog")
+    assert rc == 0  # epilog: drained explicitly, so Slurm keeps our reason
+    assert calls.strip() == ("update nodename=gpu-st-p5e-3 state=drain reason=health check failed in epilog "
+                             "of job 77: nvidia-smi sees 7 of 8 GPUs")
+    rc, _ = _hook(tmp_path, check, "prolog")
+    assert rc == 1  # prolog: Slurm puts the job back in the queue (nohold_on_prolog_fail)
+    assert "DRAIN" in (tmp_path / "health.log").read_text()
+
+
+def test_health_hook_leaves_a_healthy_node_alone_and_drains_on_a_hung_check(tmp_path):
+    assert _hook(tmp_path, "/bin/true", "prolog") == (0, "")
+    hung = _script(tmp_path / "hung.sh", "sleep 30")
+    (tmp_path / "health.conf").write_text("HEALTH_TIMEOUT=1\n")  # the pluggable settings file
+    rc, calls = _hook(tmp_path, hung, "epilog", conf=str(tmp_path / "health.conf"))
+    assert rc == 0 and "state=drain" in calls and "no answer within 1s" in calls
 
 
 def run_node_setup(root: Path, *args: str):

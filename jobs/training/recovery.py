@@ -1,0 +1,133 @@
+"""What the batch script does when training ends: finish, requeue, or stop for a human.
+
+    python -m training.recovery start  LOG_DIR                     # once per (re)start of the job
+    python -m training.recovery decide LOG_DIR --exit RC --status STATUS [--reason-file FILE]
+
+``decide`` prints one word for jobs/train.sh — ``complete``, ``requeue``, ``user-error`` or ``give-up`` — and explains
+itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``
+(``{"event": "launch" | "recovery", ...}``), next to the trainer's own lines, so one file tells
+the story of a run: when it restarted, why, and on which nodes.
+
+Classification of an ending:
+  * exit 0, STATUS complete                     -> complete (back up)
+  * exit 0, STATUS stopped (time limit, SIGUSR1) -> requeue; planned, not counted against the budget
+  * the trainer reported a user error (exit 2: bad config, data or checkpoint; it writes the
+    message to ``--reason-file``)               -> user-error: the job exits 2, no requeue (it
+                                                   would fail the same way)
+  * anything else (a rank killed, a NCCL/gloo error, the progress watchdog, a lost node)
+                                                -> requeue and resume from ``latest``, while the
+    retry budget lasts: at most ``MAX_RECOVERIES`` (default 5) recoveries of this job within
+    ``RECOVERY_WINDOW_HOURS`` (default 24); then give-up with a message, so a crash loop ends.
+The budget belongs to one job id (one run): a new submission, after a human looked, starts afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+USER_ERROR = 2  # the trainer's exit code for bad input (config, data, checkpoint of another model)
+
+
+def _append(log_dir: Path, record: dict) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _job() -> dict:
+    return {"job": os.environ.get("SLURM_JOB_ID", ""), "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0),
+            "nodes": os.environ.get("SLURM_JOB_NODELIST", socket.gethostname())}
+
+
+def recoveries(log_dir: Path, job: str, since: float) -> list[dict]:
+    """This job's earlier recoveries (requeues after a failure) since ``since`` (epoch seconds)."""
+    path = log_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if (record.get("event") == "recovery" and record.get("action") == "requeue" and not record.get("planned")
+                and record.get("job") == job and record.get("time", 0) >= since):
+            found.append(record)
+    return found
+
+
+def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recoveries: int,
+           window_hours: float, now: float | None = None) -> tuple[str, str]:
+    """(action, message) for a training step that ended with ``exit_code`` and ``status``."""
+    now = time.time() if now is None else now
+    job = _job()
+    record = {"event": "recovery", "time": now, **job, "exit": exit_code, "status": status}
+    if exit_code == 0 and status == "complete":
+        return "complete", "training complete"
+    if exit_code == 0 and status == "stopped":
+        message = "stopped early with a checkpoint saved (time limit or signal): requeueing"
+        _append(log_dir, {**record, "cause": "stop request", "action": "requeue", "planned": True})
+        return "requeue", message
+    if exit_code == 0:
+        cause = "training exited 0 without writing STATUS"
+    elif reason.startswith("user:"):
+        message = (f"training stopped on a user error: {reason.removeprefix('user:').strip()} "
+                   f"— fix it and submit again (not requeued: it would fail the same way)")
+        _append(log_dir, {**record, "cause": reason, "action": "stop"})
+        return "user-error", message
+    else:
+        cause = reason or f"a training process failed (srun exit {exit_code})"
+    earlier = recoveries(log_dir, job["job"], now - window_hours * 3600)
+    if len(earlier) >= max_recoveries:
+        message = (f"retry budget spent: {len(earlier)} recoveries of job {job['job']} in the last "
+                   f"{window_hours:g} h (MAX_RECOVERIES={max_recoveries}); last cause: {cause}. Not requeueing: "
+                   f"look at the logs (metrics.jsonl events, hang_*.txt), drain or fix what fails, then resubmit "
+                   f"to resume from the latest checkpoint")
+        _append(log_dir, {**record, "cause": cause, "action": "stop", "budget_spent": True})
+        return "give-up", message
+    n = len(earlier) + 1
+    message = f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; requeueing to resume from latest"
+    _append(log_dir, {**record, "cause": cause, "action": "requeue", "recovery": n})
+    return "requeue", message
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="log this (re)start of the job")
+    start.add_argument("log_dir", type=Path)
+    end = sub.add_parser("decide", help="classify how training ended; print complete | requeue | user-error | give-up")
+    end.add_argument("log_dir", type=Path)
+    end.add_argument("--exit", type=int, required=True, dest="exit_code", help="srun's exit code")
+    end.add_argument("--status", default="none", help="the trainer's STATUS file content")
+    end.add_argument("--reason-file", type=Path, help="where the trainer wrote why it failed (user:/hang:)")
+    args = parser.parse_args(argv)
+
+    if args.command == "start":
+        _append(args.log_dir, {"event": "launch", "time": time.time(), **_job()})
+        return 0
+    try:
+        max_recoveries = int(os.environ.get("MAX_RECOVERIES", 5))
+        window_hours = float(os.environ.get("RECOVERY_WINDOW_HOURS", 24))
+    except ValueError as exc:
+        print(f"error: MAX_RECOVERIES / RECOVERY_WINDOW_HOURS must be numbers ({exc}) — fix the job's environment",
+              file=sys.stderr)
+        return 2
+    reason = ""
+    if args.reason_file and args.reason_file.exists():
+        reason = args.reason_file.read_text().strip()
+    action, message = decide(args.log_dir, exit_code=args.exit_code, status=args.status, reason=reason,
+                             max_recoveries=max_recoveries, window_hours=window_hours)
+    print(message, file=sys.stderr)
+    print(action)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

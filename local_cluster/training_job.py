@@ -1,0 +1,139 @@
+"""A training job on the local cluster and the faults done to it, for the recovery tests and benchmark.
+
+    job = TrainingJob(cluster, "sigkill").submit("train.steps=24")
+    job.wait_for_step(8)
+    job.kill_worker(signal.SIGKILL, node="node2")     # what an Xid error or an OOM kill does
+    state, code = job.wait()
+
+Each job gets its own checkpoint and log folders under /fsx/tests/recovery/<name>-<id>/ (FSX_CHECKPOINTS
+and FSX_LOGS), so jobs never share a ``latest``; Slurm's own output goes to /fsx/logs/model1/ as in
+production. The nodes share the host's /proc, so the workers are found (and signalled) from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from local_cluster.client import LocalCluster
+
+TINY = ("--config", "jobs/training/configs/tiny.yaml")
+OPTIONS = ["--nodes=2", "--gpus-per-node=0"]  # the local nodes have CPUs only
+
+
+class TrainingJob:
+    def __init__(self, cluster: LocalCluster, name: str):
+        self.cluster = cluster
+        self.root = f"tests/recovery/{name}-{uuid.uuid4().hex[:8]}"
+        self.host_root = cluster.fsx / self.root
+        self.id = ""
+
+    def submit(self, *overrides: str, options: tuple[str, ...] = (), **extra_env: str) -> "TrainingJob":
+        (self.cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)  # Slurm does not create it
+        env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
+               "OMP_NUM_THREADS": "1", **extra_env}
+        self.id = self.cluster.sbatch("jobs/train_model1.sh", *TINY, *overrides, env=env,
+                                      options=[*OPTIONS, *options])
+        return self
+
+    def wait(self, timeout: float = 600) -> tuple[str, int]:
+        return self.cluster.wait(self.id, timeout=timeout)
+
+    def record(self) -> dict[str, str]:
+        return self.cluster.jobs(self.id)[0]
+
+    # --- what the job wrote ---------------------------------------------------------------------
+    @property
+    def log_dir(self) -> Path:
+        return self.host_root / "logs/model1"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.host_root / "checkpoints/model1"
+
+    def records(self) -> list[dict]:
+        path = self.log_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass  # a line being written right now
+        return out
+
+    def events(self, kind: str) -> list[dict]:
+        return [r for r in self.records() if r.get("event") == kind]
+
+    def losses(self) -> dict[int, tuple[float, int]]:
+        """step -> (loss, CRC of rank 0's samples); the last line for a step wins, as after a resume."""
+        return {r["step"]: (r["loss"], r["samples_crc"]) for r in self.records() if "loss" in r}
+
+    def output(self) -> str:
+        """The job's Slurm stdout then stderr (training logs go to stderr)."""
+        paths = [self.cluster.fsx / f"logs/model1/model1_{self.id}.{ext}" for ext in ("out", "err")]
+        return "".join(p.read_text(errors="replace") for p in paths if p.exists())
+
+    # --- waiting --------------------------------------------------------------------------------
+    def wait_until(self, what: str, done, timeout: float = 300) -> float:
+        """Poll the metrics until ``done(records)``; the monotonic time it became true."""
+        deadline = time.monotonic() + timeout
+        while not done(self.records()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id}: no {what} within {timeout} s:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
+        return time.monotonic()
+
+    def wait_for_step(self, step: int, *, after: int = 0, timeout: float = 300) -> float:
+        """Wait for a loss line for ``step`` or later, among the lines after the first ``after`` records."""
+        return self.wait_until(f"step {step}", lambda rs: any("loss" in r and r["step"] >= step for r in rs[after:]),
+                               timeout)
+
+    # --- faults ---------------------------------------------------------------------------------
+    def worker_pids(self, node: str | None = None) -> list[int]:
+        """Training workers of this job (children of its torchruns), optionally only those on ``node``."""
+        pids = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                env = (proc / "environ").read_bytes().split(b"\0")
+                cmd = (proc / "cmdline").read_bytes()
+                ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                parent_cmd = Path(f"/proc/{ppid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            is_python = b"python" in cmd.split(b"\0")[0]  # not srun, whose command line names torchrun too
+            if (f"SLURM_JOB_ID={self.id}".encode() in env and is_python and b"training.train" in cmd
+                    and b"torchrun" in parent_cmd
+                    and (node is None or f"SLURMD_NODENAME={node}".encode() in env)):
+                pids.append(int(proc.name))
+        return sorted(pids)
+
+    def nodes(self) -> list[str]:
+        """The nodes the job runs on now (expanded from NodeList)."""
+        nodelist = self.record().get("NodeList", "")
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+        return out.stdout.split()
+
+    def kill_worker(self, sig: int, node: str | None = None) -> int:
+        """Send ``sig`` to one training worker (on ``node`` if given); its pid."""
+        deadline = time.monotonic() + 30
+        while not (pids := self.worker_pids(node)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {self.id}: no training worker{' on ' + node if node else ''}")
+            time.sleep(0.1)
+        os.kill(pids[-1], sig)
+        return pids[-1]
+
+
+def continue_stopped(pid: int) -> None:
+    """Let a SIGSTOPped process go on (or die of the SIGKILL Slurm already sent it)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,79 @@
+"""How a training step's ending is classified: complete, requeue (within the budget), user error, give up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from training import recovery
+
+HOUR = 3600.0
+
+
+@pytest.fixture
+def job(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+
+
+def decide(log_dir, *, exit_code=1, status="none", reason="", now=100 * HOUR, budget=2):
+    return recovery.decide(log_dir, exit_code=exit_code, status=status, reason=reason, max_recoveries=budget,
+                           window_hours=24, now=now)
+
+
+def events(log_dir):
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_complete_and_time_limit_stop(tmp_path, job):
+    assert decide(tmp_path, exit_code=0, status="complete")[0] == "complete"
+    action, message = decide(tmp_path, exit_code=0, status="stopped")
+    assert action == "requeue" and "time limit" in message
+    # A planned stop never uses up the budget.
+    for _ in range(5):
+        assert decide(tmp_path, exit_code=0, status="stopped")[0] == "requeue"
+    assert decide(tmp_path)[0] == "requeue"
+
+
+def test_failures_requeue_until_the_budget_is_spent_with_a_clear_message(tmp_path, job):
+    assert decide(tmp_path, reason="hang: rank 1 ...", now=100 * HOUR) == (
+        "requeue", "recovery 1 of 2 in 24 h: hang: rank 1 ...; requeueing to resume from latest")
+    assert decide(tmp_path, now=101 * HOUR)[0] == "requeue"
+    action, message = decide(tmp_path, exit_code=137, now=102 * HOUR)
+    assert action == "give-up"
+    assert message.startswith("retry budget spent: 2 recoveries of job 41 in the last 24 h (MAX_RECOVERIES=2); "
+                              "last cause: a training process failed (srun exit 137)")
+    last = events(tmp_path)[-1]
+    assert last["event"] == "recovery" and last["action"] == "stop" and last["budget_spent"]
+    assert last["restart_count"] == 2 and last["nodes"] == "node[1-2]"
+    # The window slides: a day after the first two, there is budget again.
+    assert decide(tmp_path, now=125.5 * HOUR)[0] == "requeue"
+
+
+def test_the_budget_belongs_to_one_job(tmp_path, job, monkeypatch):
+    decide(tmp_path), decide(tmp_path)
+    assert decide(tmp_path)[0] == "give-up"
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # resubmitted by a human: a fresh budget
+    assert decide(tmp_path)[0] == "requeue"
+
+
+def test_user_error_is_never_requeued(tmp_path, job):
+    action, message = decide(tmp_path, reason="user: config error: train.steps: expected int, got 'abc'")
+    assert action == "user-error"
+    assert "train.steps: expected int" in message and "not requeued" in message
+
+
+def test_command_line_prints_the_action_and_logs_launch_events(tmp_path):
+    env = {"PYTHONPATH": "jobs", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "MAX_RECOVERIES": "0"}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "training.recovery", *args], env=env,
+                                       capture_output=True, text=True, check=True)
+    run("start", str(tmp_path))
+    (tmp_path / "FAILURE").write_text("hang: rank 0 ...\n")
+    result = run("decide", str(tmp_path), "--exit", "1", "--status", "none", "--reason-file", str(tmp_path / "FAILURE"))
+    assert result.stdout == "give-up\n" and "retry budget spent" in result.stderr
+    launch = events(tmp_path)[0]
+    assert launch["event"] == "launch" and launch["job"] == "7" and launch["restart_count"] == 1
