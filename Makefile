@@ -24,17 +24,26 @@ node_modules/.installed: package.json package-lock.json
 .build/pcluster/.installed: $(VENV)/.installed scripts/install_pcluster_schema.sh
 	scripts/install_pcluster_schema.sh
 
+# Tools that pin what the CDK app's venv must not have, each in a venv of its own (fully pinned).
+.venv-pcluster/.installed: requirements-pcluster.txt scripts/install_tool_venv.sh
+	scripts/install_tool_venv.sh .venv-pcluster requirements-pcluster.txt
+	touch $@
+
+.venv-checkov/.installed: requirements-checkov.txt scripts/install_tool_venv.sh
+	scripts/install_tool_venv.sh .venv-checkov requirements-checkov.txt
+	touch $@
+
 .build/debian.installed: scripts/install_system_packages.sh
 	scripts/install_system_packages.sh
 	mkdir -p .build && touch $@
 
-deps: $(VENV)/.installed node_modules/.installed .build/pcluster/.installed .build/debian.installed  ## install everything (venv, CDK CLI, schema, Debian packages)
+deps: $(VENV)/.installed node_modules/.installed .build/pcluster/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed  ## install everything (venv, CDK CLI, schema, ParallelCluster, checkov, Debian packages)
 
 # --- the CDK app -------------------------------------------------------------------------------
 synth: deps  ## synthesize every environment offline and lint the templates
 	source $(VENV)/bin/activate && scripts/synth_all.sh
 
-validate: deps  ## render every environment's ParallelCluster config and check it against ParallelCluster's schema
+validate: deps  ## every environment: ParallelCluster's schema, then deployed into an emulated account: its validators, update checks, checkov
 	$(PY) -m cluster_config validate --all
 
 plan: deps  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput

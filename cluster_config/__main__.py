@@ -2,7 +2,9 @@
 
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
   plan --env prod          print nodes/GPUs per model, hourly cost, FSx throughput vs demand
-  validate --all           render every environment and load it with ParallelCluster's own schema
+  validate --all           render every environment and load it with ParallelCluster's own schema, then
+                           deploy it into an emulated account and run ParallelCluster's validators and
+                           update checks (cluster_config/emulated; --schema-only skips that)
   fsx-expected --env prod  print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh (provisioned MB/s per mount)
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
 from cluster_config.plan import build_plan, format_plan, fsx_expectations
 from cluster_config.render import ClusterResources, RenderError, render_cluster_config, to_yaml
@@ -28,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     which = validate.add_mutually_exclusive_group(required=True)
     which.add_argument("--env")
     which.add_argument("--all", action="store_true", help="every cluster_config/<env>.yaml")
+    validate.add_argument("--schema-only", action="store_true", help="skip the emulated deploy and ParallelCluster's validators")
     args = parser.parse_args(argv)
 
     try:
@@ -39,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "fsx-expected":
             print(fsx_expectations(load_settings(args.env)))
         else:
-            return _validate(available_environments() if args.all else [args.env])
-    except (SettingsError, RenderError, SchemaNotInstalled) as exc:
+            envs = available_environments() if args.all else [args.env]
+            failed = _validate(envs)
+            if not args.schema_only:
+                from cluster_config.emulated.check import validate_environments  # needs the dev tools and the CDK app
+
+                failed |= validate_environments(envs)
+            return failed
+    except (SettingsError, RenderError, SchemaNotInstalled, PclusterNotInstalled) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

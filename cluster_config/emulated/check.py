@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 
 
+from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.emulated.account import Deployed, deploy
 from cluster_config.emulated.acknowledged import reason_for
 from cluster_config.emulated.moto_server import FAKE_AWS_ENV, running
@@ -28,11 +29,7 @@ from cluster_config.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PCLUSTER_PYTHON = REPO_ROOT / ".venv-pcluster" / "bin" / "python"
-INSTALL_HINT = "install it with: scripts/install_pcluster_venv.sh"
-
-
-class PclusterNotInstalled(RuntimeError):
-    pass
+INSTALL_HINT = "install it with: make deps (scripts/install_tool_venv.sh .venv-pcluster requirements-pcluster.txt)"
 
 
 @dataclass
@@ -177,3 +174,38 @@ def format_report(report: Report) -> str:
 
 
 
+
+
+def validate_environments(envs: list[str]) -> int:
+    """`make validate`: synthesize each environment, deploy it into the emulated account, print every result.
+
+    Returns 1 when ParallelCluster reports an ERROR or a warning that is neither fixed nor acknowledged.
+    """
+    import tempfile
+
+    from cluster_config.emulated.stubs import MOTO_GAPS, PCLUSTER_STUBS, TEMPLATE_EDITS
+    from stacks import checkov
+    from stacks.app import build_app  # the CDK app: synth needs aws_cdk
+
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
+        for env in envs:
+            outdir = Path(tmp) / env
+            built = build_app(env, outdir=str(outdir))
+            built.app.synth()
+            templates = {part: json.loads((outdir / f"{stack.artifact_id}.template.json").read_text())
+                         for part, stack in built.stacks.items()}
+            report = check_environment(built.settings, built.stacks, templates)
+            print(format_report(report))
+            print(f"  validators that ran: {', '.join(report.validators)}")
+            print(f"  stubbed calls: {', '.join(report.stubbed)}")
+            findings, summary = checkov.run(outdir)
+            open_findings = [f for f in findings if not f.reason]
+            print(f"  checkov: {summary['passed']} passed, {summary['failed']} failed, "
+                  f"{summary['failed'] - len(open_findings)} of them accepted in stacks/checkov.py")
+            print("".join(f"  checkov FAILED {f.check_id} {f.resource}: {f.title}\n" for f in open_findings), end="")
+            failed += bool(report.errors or report.open_warnings or open_findings)
+    print("stand-ins of the emulated account (cluster_config/emulated/stubs.py):")
+    for what, why in {**TEMPLATE_EDITS, **MOTO_GAPS, **PCLUSTER_STUBS}.items():
+        print(f"  - {what}: {why}")
+    return 1 if failed else 0
