@@ -63,8 +63,11 @@ def test_every_acknowledged_warning_is_still_raised(report):
 @pytest.mark.parametrize("env", ENVS)
 def test_settings_changes_during_a_run_that_a_running_cluster_accepts(report, env):
     updates = report(env).updates
-    for scenario in ("add a model", "remove a model", "resize a model", "raise cpu_queue.max_count"):
+    for scenario in ("add a model", "remove a model", "raise cpu_queue.max_count"):
         assert updates[scenario]["allowed"], (scenario, updates[scenario]["rows"])
+        assert updates[scenario]["rows"], f"{scenario}: the config did not change, so nothing was checked"
+    # A model's node count lives in its job script and the plan, not in the cluster config.
+    assert updates["resize a model"] == {"allowed": True, "rows": []}
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -148,6 +151,27 @@ def test_capacity_block_with_min_count_0(synthesized, pcluster_venv):
 
     result = check_environment(block, stacks, templates, with_updates=False, edit_config=old_ondemand)
     assert result.errors == []  # not caught by ParallelCluster: why the reservation kind is a setting
+
+
+def test_persistent_1_file_systems_pass_parallelclusters_validators(synthesized, pcluster_venv, tmp_path):
+    """storage.deployment_type PERSISTENT_1: the storage template's ImportPath/ExportPath reach the FSx API."""
+    from stacks.app import build_app
+    from tests.settings_files import write_env
+
+    import json
+
+    tiers = {"storage_capacity_gib": 1200, "throughput_per_tib": 200}
+    config_dir = write_env(tmp_path / "settings", "dev", storage__deployment_type="PERSISTENT_1",
+                           storage__data={**tiers, "mount_dir": "/fsx/data"},
+                           storage__checkpoints={**tiers, "mount_dir": "/fsx/checkpoints"},
+                           storage__logs={**tiers, "mount_dir": "/fsx/logs"}).parent
+    built = build_app("dev", config_dir=config_dir, outdir=str(tmp_path / "cdk"))
+    built.app.synth()
+    templates = {part: json.loads((tmp_path / "cdk" / f"{stack.artifact_id}.template.json").read_text())
+                 for part, stack in built.stacks.items()}
+    result = check_environment(built.settings, built.stacks, templates, with_updates=False)
+    assert result.errors == [] and result.open_warnings == []
+    assert "ExistingFsxNetworkingValidator" in result.validators
 
 
 def test_update_scenarios_cover_what_users_change():
