@@ -117,7 +117,7 @@ def check_environment(
     previous = {key: os.environ.get(key) for key in FAKE_AWS_ENV}
     os.environ.update(FAKE_AWS_ENV)
     try:
-        with running() as endpoint:
+        with running(settings.account) as endpoint:
             deployed = deploy(endpoint, settings, stacks, templates)
             if edit_config:
                 edit_config(deployed.config)
