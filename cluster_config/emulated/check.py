@@ -24,7 +24,7 @@ from cluster_config.emulated.acknowledged import reason_for
 from cluster_config.emulated.moto_server import FAKE_AWS_ENV, running
 from cluster_config.emulated.stubs import reservation_description
 from cluster_config.offerings import is_offered
-from cluster_config.render import render_cluster_config, to_yaml
+from cluster_config.render import ClusterResources, render_cluster_config, to_yaml
 from cluster_config.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -140,6 +140,24 @@ def check_environment(
                 os.environ[key] = value
     return Report(settings.name, deployed.config, answer["failures"], answer["error"], answer["validators"],
                   answer["stubbed"], answer["patches"])
+
+
+def update_check(base: Settings, target: Settings) -> dict[str, Any]:
+    """ParallelCluster's update check of going from ``base`` to ``target`` settings on a running cluster.
+
+    Both are rendered with the same placeholder ids, so only the settings' difference is checked.
+    Returns ``{"allowed": bool, "rows": [[path, parameter, old, new, check, reason, action, policy], ...]}``.
+    """
+    if not PCLUSTER_PYTHON.is_file():
+        raise PclusterNotInstalled(f"ParallelCluster's venv is missing ({PCLUSTER_PYTHON}); {INSTALL_HINT}")
+    resources = ClusterResources.placeholders(target)
+    configs = [to_yaml(render_cluster_config(settings, resources)) for settings in (base, target)]
+    with running(target.account) as endpoint:
+        answer = _run_child({
+            "endpoint": endpoint, "region": target.region, "cluster_name": target.cluster_name, "config": None,
+            "reservations": [], "placement_groups": [], "patches": {"update": configs},
+        })
+    return answer["patches"]["update"]
 
 
 def _changed_settings(settings: Settings, edit: Callable[[dict], None]) -> Settings:

@@ -3,7 +3,7 @@
 Started by ``cluster_config.emulated.check`` with a JSON request on stdin:
 
     {"endpoint": "http://127.0.0.1:PORT", "region": ..., "cluster_name": ...,
-     "config": "<yaml>", "reservations": [...], "placement_groups": [...], "patches": {"name": ["<base yaml>", "<target yaml>"]}}
+     "config": "<yaml>" | null, "reservations": [...], "placement_groups": [...], "patches": {"name": ["<base yaml>", "<target yaml>"]}}
 
 and answers on stdout:
 
@@ -54,14 +54,15 @@ def main() -> None:
 
     Resource._validator_execute = staticmethod(record)
 
-    cluster = Cluster(request["cluster_name"], config=request["config"])
-    error = None
-    try:
-        failures = cluster.validate_create_request(validator_suppressors=set(), validation_failure_level=FailureLevel.ERROR)
-    except ConfigValidationError as exc:
-        failures = exc.validation_failures or []
-        if not failures:
-            error = str(exc)
+    error, failures = None, []
+    if request["config"] is not None:  # None: update checks only
+        cluster = Cluster(request["cluster_name"], config=request["config"])
+        try:
+            failures = cluster.validate_create_request(validator_suppressors=set(), validation_failure_level=FailureLevel.ERROR)
+        except ConfigValidationError as exc:
+            failures = exc.validation_failures or []
+            if not failures:
+                error = str(exc)
 
     running = RunningCluster(request["cluster_name"])
     patches = {}

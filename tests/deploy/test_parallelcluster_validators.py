@@ -181,3 +181,32 @@ def test_update_scenarios_cover_what_users_change():
         "add a model", "remove a model", "resize a model", "lower gpu_queue.max_count",
         "raise cpu_queue.max_count", "change cpu_queue.instance_type",
     }
+
+
+def _deployed_from(tmp_path, **changes):
+    """A settings file as the running cluster was deployed from: the shipped prod with ``changes``."""
+    from tests.settings_files import write_env
+
+    return write_env(tmp_path / "deployed", "prod", **changes)
+
+
+def test_update_check_accepts_a_new_model_before_deploy(pcluster_venv, tmp_path, capsys):
+    from cluster_config.__main__ import main
+
+    raw_models = [{"name": f"model{i}", "nodes": 11, "preset": "llama2-7b"} for i in range(1, 7)]
+    deployed = _deployed_from(tmp_path, models=raw_models)  # before model7 was added
+    assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 0
+    out = capsys.readouterr().out
+    assert "prod: the running cluster accepts this update (1 change(s))" in out
+    assert "['HeadNode', 'CustomActions', 'OnNodeUpdated']/Args" in out
+
+
+def test_update_check_refuses_an_instance_type_change_with_the_fix(pcluster_venv, tmp_path, capsys):
+    from cluster_config.__main__ import main
+
+    deployed = _deployed_from(tmp_path, cpu_queue__instance_type="c7i.16xlarge")
+    assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 1
+    captured = capsys.readouterr()
+    assert "ACTION NEEDED ['Scheduling', 'SlurmQueues[cpu]']/ComputeResources" in captured.out
+    assert "error: ParallelCluster would refuse this update on the running cluster" in captured.err
+    assert "pcluster update-compute-fleet --status STOP_REQUESTED" in captured.err
