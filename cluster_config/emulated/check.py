@@ -3,7 +3,7 @@
     report = check_environment(settings, stacks, templates)    # stacks/templates from one synth
     report.errors / report.open_warnings / report.acknowledged / report.validators / report.updates
 
-ParallelCluster runs in its own venv (``scripts/install_pcluster_venv.sh`` -> ``.venv-pcluster``),
+ParallelCluster runs in its own venv (``.venv-pcluster``, ``scripts/install_tool_venv.sh``),
 started as a child process; the emulated account is a moto server on 127.0.0.1 for the duration.
 """
 
