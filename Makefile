@@ -32,18 +32,27 @@ node_modules/.installed: package.json package-lock.json
 .build/pcluster/.installed: $(VENV)/.cdk-installed scripts/install_pcluster_schema.sh
 	scripts/timed.sh "pip: ParallelCluster's config schema, into .build/pcluster" scripts/install_pcluster_schema.sh
 
+# Tools that pin what the CDK app's venv must not have, each in a venv of its own (fully pinned).
+.venv-pcluster/.installed: requirements-pcluster.txt scripts/install_tool_venv.sh
+	scripts/timed.sh "pip: ParallelCluster 3.16.1 for its validators, into .venv-pcluster" scripts/install_tool_venv.sh .venv-pcluster requirements-pcluster.txt
+	touch $@
+
+.venv-checkov/.installed: requirements-checkov.txt scripts/install_tool_venv.sh
+	scripts/timed.sh "pip: checkov, into .venv-checkov" scripts/install_tool_venv.sh .venv-checkov requirements-checkov.txt
+	touch $@
+
 .build/debian.installed: scripts/install_system_packages.sh
 	scripts/timed.sh "apt: Slurm, munge, fio for the local cluster and the jobs (root)" scripts/install_system_packages.sh
 	mkdir -p .build && touch $@
 
-deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.installed  ## install what synth/plan/validate/lint need (no root)
-deps: deps-cdk $(VENV)/.installed .build/debian.installed  ## install everything (adds PyTorch & co., test tools, Debian packages)
+deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.installed  ## install what synth/plan/lint need (no root)
+deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages)
 
 # --- the CDK app -------------------------------------------------------------------------------
 synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every environment offline and lint the templates
 	source $(VENV)/bin/activate && scripts/synth_all.sh
 
-validate: $(VENV)/.cdk-installed .build/pcluster/.installed  ## render every environment's ParallelCluster config and check it against ParallelCluster's schema
+validate: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed  ## every environment: ParallelCluster's schema, then deployed into an emulated account: its validators, update checks, checkov
 	$(PY) -m cluster_config validate --all
 
 plan: $(VENV)/.cdk-installed  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput

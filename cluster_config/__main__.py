@@ -2,15 +2,24 @@
 
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
   plan --env prod          print nodes/GPUs per model, hourly cost, FSx throughput vs demand
-  validate --all           render every environment and load it with ParallelCluster's own schema
+  validate --all           render every environment and load it with ParallelCluster's own schema, then
+                           deploy it into an emulated account and run ParallelCluster's validators and
+                           update checks (cluster_config/emulated; --schema-only skips that)
   fsx-expected --env prod  print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh (provisioned MB/s per mount)
+  update-check --env prod --from OLD.yaml
+                           would ParallelCluster accept going from OLD.yaml's settings to the current ones
+                           on the running cluster? (e.g. OLD.yaml from `git show HEAD:cluster_config/prod.yaml`)
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
+from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
 from cluster_config.plan import build_plan, format_plan, fsx_expectations
 from cluster_config.render import ClusterResources, RenderError, render_cluster_config, to_yaml
@@ -24,10 +33,14 @@ def main(argv: list[str] | None = None) -> int:
                             ("fsx-expected", "print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
+    update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
     validate = commands.add_parser("validate", help="check rendered configs against ParallelCluster's schema")
     which = validate.add_mutually_exclusive_group(required=True)
     which.add_argument("--env")
     which.add_argument("--all", action="store_true", help="every cluster_config/<env>.yaml")
+    validate.add_argument("--schema-only", action="store_true", help="skip the emulated deploy and ParallelCluster's validators")
     args = parser.parse_args(argv)
 
     try:
@@ -38,11 +51,42 @@ def main(argv: list[str] | None = None) -> int:
             print(format_plan(build_plan(load_settings(args.env))))
         elif args.command == "fsx-expected":
             print(fsx_expectations(load_settings(args.env)))
+        elif args.command == "update-check":
+            return _update_check(args.env, Path(args.base))
         else:
-            return _validate(available_environments() if args.all else [args.env])
-    except (SettingsError, RenderError, SchemaNotInstalled) as exc:
+            envs = available_environments() if args.all else [args.env]
+            failed = _validate(envs)
+            if not args.schema_only:
+                from cluster_config.emulated.check import validate_environments  # needs the dev tools and the CDK app
+
+                failed |= validate_environments(envs)
+            return failed
+    except (SettingsError, RenderError, SchemaNotInstalled, PclusterNotInstalled) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _update_check(env: str, base_file: Path) -> int:
+    from cluster_config.emulated.check import update_check  # ParallelCluster's venv and moto
+
+    if not base_file.is_file():
+        raise SettingsError(f"--from {base_file}: no such file; e.g. git show HEAD:cluster_config/{env}.yaml > old.yaml")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(base_file, Path(tmp) / f"{env}.yaml")
+        base = load_settings(env, Path(tmp))
+    result = update_check(base, load_settings(env))
+    changes = [row for row in result["rows"]]
+    refused = [row for row in changes if row[4] != "SUCCEEDED"]
+    for path, parameter, old, new, check, reason, action, _ in changes:
+        where = f"{'/'.join(path) if isinstance(path, list) else path}/{parameter}"
+        print(f"  {check:9} {where}: {old} -> {new}" + (f" ({reason}; {action})" if check != "SUCCEEDED" else ""))
+    if refused:
+        print(f"error: ParallelCluster would refuse this update on the running cluster ({len(refused)} change(s) above) — "
+              "stop the compute fleet first (pcluster update-compute-fleet --status STOP_REQUESTED) or revert them",
+              file=sys.stderr)
+        return 1
+    print(f"{env}: the running cluster accepts this update ({len(changes)} change(s))")
     return 0
 
 

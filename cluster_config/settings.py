@@ -122,6 +122,11 @@ class GpuQueueSettings(_Strict):
                 f"capacity_block: ParallelCluster launches a Capacity Block's nodes only as static nodes; "
                 f"set min_count: {self.max_count} (or use kind: odcr for an On-Demand Capacity Reservation)"
             )
+        if reservation and reservation.kind == "capacity_block" and self.placement_group:
+            raise ValueError(
+                "placement_group is true, but a Capacity Block places its instances itself and a placement group "
+                "on top causes insufficient-capacity errors (ParallelCluster warns); set placement_group: false"
+            )
         return self
 
     @property

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine (`make demo`, after `make deps`):
 #   1. synthesize every environment offline, cdk-nag + cfn-lint   (scripts/synth_all.sh)
-#   2. render every ParallelCluster config and check it against ParallelCluster's schema
+#   2. every ParallelCluster config: its schema, then an emulated deploy with its validators, update checks, checkov
 #   3. local two-node Slurm cluster: smoke test + collective benchmark   (local_cluster/demo.sh)
 #   4. data pipeline: sample corpus -> tokenize job array -> validate -> loader speed   (jobs/data_pipeline/demo.sh)
 #   5. training: 2 nodes, tiny model, interrupted by the time-limit signal, requeued, resumed, loss curve
@@ -21,7 +21,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "1/6 Synthesize every environment (cdk synth, cdk-nag, cfn-lint)"
 scripts/synth_all.sh
 
-step "2/6 ParallelCluster config of every environment against ParallelCluster's schema"
+step "2/6 ParallelCluster: schema, emulated deploy, its validators and update checks, checkov"
 python -m cluster_config validate --all   # (synth above printed each environment's plan)
 
 step "3/6 Local two-node Slurm cluster: smoke test and collective benchmark"

@@ -106,6 +106,13 @@ def test_capacity_block_with_static_nodes_loads(tmp_path):
     assert queue.capacity_type == "CAPACITY_BLOCK"
 
 
+def test_capacity_block_refuses_a_placement_group(tmp_path):
+    message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="capacity_block", gpu_queue__min_count=80,
+                        gpu_queue__placement_group=True)
+    assert "gpu_queue: placement_group is true, but a Capacity Block places its instances itself" in message
+    assert "set placement_group: false" in message
+
+
 def test_reservation_kind_must_be_known(tmp_path):
     message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="spot")
     assert "gpu_queue.capacity_reservation.kind: Input should be 'odcr' or 'capacity_block'" in message

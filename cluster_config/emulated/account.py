@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +55,19 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
     def net(token) -> str:
         return _resolve(network.resolve(token), physical, exports)
 
+    # Every bucket the config names (a field *_bucket of ClusterResources), created under the name
+    # the placeholders give it; the storage stack's bucket of the same attribute name maps to it.
     placeholders = ClusterResources.placeholders(settings)
-    buckets = {"data": placeholders.data_bucket, "checkpoints": placeholders.checkpoint_bucket, "assets": placeholders.assets_bucket}
+    buckets = {f.name: getattr(placeholders, f.name) for f in fields(ClusterResources) if f.name.endswith("_bucket")}
     s3 = client("s3")
     for name in buckets.values():
         s3.create_bucket(Bucket=name, **({} if settings.region == "us-east-1" else
                                          {"CreateBucketConfiguration": {"LocationConstraint": settings.region}}))
     for script in sorted((REPO_ROOT / "node_scripts").glob("*.sh")):
-        s3.put_object(Bucket=buckets["assets"], Key=NODE_SCRIPTS_PREFIX + script.name, Body=script.read_bytes())
-    s3.put_object(Bucket=buckets["assets"], Key=models_key(settings), Body=models_file(settings).encode())
-
-    # The storage stack's own bucket logical ids map to the buckets made above.
-    storage_physical = {storage.resolve(bucket.bucket_name)["Ref"]: buckets[key] for key, bucket in (
-        ("data", storage.data_bucket), ("checkpoints", storage.checkpoint_bucket), ("assets", storage.assets_bucket))}
+        s3.put_object(Bucket=placeholders.assets_bucket, Key=NODE_SCRIPTS_PREFIX + script.name, Body=script.read_bytes())
+    s3.put_object(Bucket=placeholders.assets_bucket, Key=models_key(settings), Body=models_file(settings).encode())
+    storage_physical = {storage.resolve(getattr(storage, field).bucket_name)["Ref"]: name
+                        for field, name in buckets.items() if hasattr(storage, field)}
     file_system_ids = {}
     fsx = client("fsx")
     for key, file_system in storage.file_systems.items():
@@ -77,15 +77,13 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
         created = fsx.create_file_system(**properties)["FileSystem"]
         file_system_ids[key] = created["FileSystemId"]
 
-    resources = ClusterResources(
+    resources = replace(
+        placeholders,
         head_node_subnet_id=net(network.head_node_subnet.subnet_id),
         compute_subnet_id=net(network.compute_subnet.subnet_id),
         head_node_security_group_id=net(network.head_node_sg.security_group_id),
         compute_security_group_id=net(network.compute_sg.security_group_id),
         file_system_ids=file_system_ids,
-        data_bucket=buckets["data"],
-        checkpoint_bucket=buckets["checkpoints"],
-        assets_bucket=buckets["assets"],
         placement_group_name=net(network.placement_group.ref) if network.placement_group else None,
     )
     return Deployed(resources, render_cluster_config(settings, resources), placement_groups)

@@ -3,7 +3,7 @@
     report = check_environment(settings, stacks, templates)    # stacks/templates from one synth
     report.errors / report.open_warnings / report.acknowledged / report.validators / report.updates
 
-ParallelCluster runs in its own venv (``scripts/install_pcluster_venv.sh`` -> ``.venv-pcluster``),
+ParallelCluster runs in its own venv (``.venv-pcluster``, ``scripts/install_tool_venv.sh``),
 started as a child process; the emulated account is a moto server on 127.0.0.1 for the duration.
 """
 
@@ -18,21 +18,18 @@ from typing import Any, Callable
 
 
 
+from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.emulated.account import Deployed, deploy
 from cluster_config.emulated.acknowledged import reason_for
 from cluster_config.emulated.moto_server import FAKE_AWS_ENV, running
 from cluster_config.emulated.stubs import reservation_description
 from cluster_config.offerings import is_offered
-from cluster_config.render import render_cluster_config, to_yaml
+from cluster_config.render import ClusterResources, render_cluster_config, to_yaml
 from cluster_config.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PCLUSTER_PYTHON = REPO_ROOT / ".venv-pcluster" / "bin" / "python"
-INSTALL_HINT = "install it with: scripts/install_pcluster_venv.sh"
-
-
-class PclusterNotInstalled(RuntimeError):
-    pass
+INSTALL_HINT = "install it with: make deps (scripts/install_tool_venv.sh .venv-pcluster requirements-pcluster.txt)"
 
 
 @dataclass
@@ -120,7 +117,7 @@ def check_environment(
     previous = {key: os.environ.get(key) for key in FAKE_AWS_ENV}
     os.environ.update(FAKE_AWS_ENV)
     try:
-        with running() as endpoint:
+        with running(settings.account) as endpoint:
             deployed = deploy(endpoint, settings, stacks, templates)
             if edit_config:
                 edit_config(deployed.config)
@@ -143,6 +140,24 @@ def check_environment(
                 os.environ[key] = value
     return Report(settings.name, deployed.config, answer["failures"], answer["error"], answer["validators"],
                   answer["stubbed"], answer["patches"])
+
+
+def update_check(base: Settings, target: Settings) -> dict[str, Any]:
+    """ParallelCluster's update check of going from ``base`` to ``target`` settings on a running cluster.
+
+    Both are rendered with the same placeholder ids, so only the settings' difference is checked.
+    Returns ``{"allowed": bool, "rows": [[path, parameter, old, new, check, reason, action, policy], ...]}``.
+    """
+    if not PCLUSTER_PYTHON.is_file():
+        raise PclusterNotInstalled(f"ParallelCluster's venv is missing ({PCLUSTER_PYTHON}); {INSTALL_HINT}")
+    resources = ClusterResources.placeholders(target)
+    configs = [to_yaml(render_cluster_config(settings, resources)) for settings in (base, target)]
+    with running(target.account) as endpoint:
+        answer = _run_child({
+            "endpoint": endpoint, "region": target.region, "cluster_name": target.cluster_name, "config": None,
+            "reservations": [], "placement_groups": [], "patches": {"update": configs},
+        })
+    return answer["patches"]["update"]
 
 
 def _changed_settings(settings: Settings, edit: Callable[[dict], None]) -> Settings:
@@ -177,3 +192,38 @@ def format_report(report: Report) -> str:
 
 
 
+
+
+def validate_environments(envs: list[str]) -> int:
+    """`make validate`: synthesize each environment, deploy it into the emulated account, print every result.
+
+    Returns 1 when ParallelCluster reports an ERROR or a warning that is neither fixed nor acknowledged.
+    """
+    import tempfile
+
+    from cluster_config.emulated.stubs import MOTO_GAPS, PCLUSTER_STUBS, TEMPLATE_EDITS
+    from stacks import checkov
+    from stacks.app import build_app  # the CDK app: synth needs aws_cdk
+
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
+        for env in envs:
+            outdir = Path(tmp) / env
+            built = build_app(env, outdir=str(outdir))
+            built.app.synth()
+            templates = {part: json.loads((outdir / f"{stack.artifact_id}.template.json").read_text())
+                         for part, stack in built.stacks.items()}
+            report = check_environment(built.settings, built.stacks, templates)
+            print(format_report(report))
+            print(f"  validators that ran: {', '.join(report.validators)}")
+            print(f"  stubbed calls: {', '.join(report.stubbed)}")
+            findings, summary = checkov.run(outdir)
+            open_findings = [f for f in findings if not f.reason]
+            print(f"  checkov: {summary['passed']} passed, {summary['failed']} failed, "
+                  f"{summary['failed'] - len(open_findings)} of them accepted in stacks/checkov.py")
+            print("".join(f"  checkov FAILED {f.check_id} {f.resource}: {f.title}\n" for f in open_findings), end="")
+            failed += bool(report.errors or report.open_warnings or open_findings)
+    print("stand-ins of the emulated account (cluster_config/emulated/stubs.py):")
+    for what, why in {**TEMPLATE_EDITS, **MOTO_GAPS, **PCLUSTER_STUBS}.items():
+        print(f"  - {what}: {why}")
+    return 1 if failed else 0

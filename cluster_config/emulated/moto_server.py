@@ -22,8 +22,8 @@ FAKE_AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testin
 
 
 @contextmanager
-def running(host: str = "127.0.0.1", timeout: float = 30) -> Iterator[str]:
-    """Serve the emulated account until the block ends; yields its endpoint URL."""
+def running(account: str = "123456789012", host: str = "127.0.0.1", timeout: float = 30) -> Iterator[str]:
+    """Serve the emulated account (id ``account``) until the block ends; yields its endpoint URL."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         port = sock.getsockname()[1]
@@ -31,7 +31,7 @@ def running(host: str = "127.0.0.1", timeout: float = 30) -> Iterator[str]:
         [sys.executable, "-m", "cluster_config.emulated.moto_server", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         # AWS managed policies (AmazonSSMManagedInstanceCore) exist in every account: load moto's copy of them.
-        env={**os.environ, **FAKE_AWS_ENV, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true"},
+        env={**os.environ, **FAKE_AWS_ENV, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true", "MOTO_ACCOUNT_ID": account},
     )
     try:
         deadline = time.monotonic() + timeout

@@ -3,7 +3,7 @@
 Started by ``cluster_config.emulated.check`` with a JSON request on stdin:
 
     {"endpoint": "http://127.0.0.1:PORT", "region": ..., "cluster_name": ...,
-     "config": "<yaml>", "reservations": [...], "placement_groups": [...], "patches": {"name": ["<base yaml>", "<target yaml>"]}}
+     "config": "<yaml>" | null, "reservations": [...], "placement_groups": [...], "patches": {"name": ["<base yaml>", "<target yaml>"]}}
 
 and answers on stdout:
 
@@ -34,16 +34,16 @@ def main() -> None:
     logging.disable(logging.CRITICAL)  # ParallelCluster logs every call; the answer is the JSON
 
     import boto3
+    import yaml
     from pcluster.config.common import Resource
     from pcluster.config.config_patch import ConfigPatch
     from pcluster.models.cluster import Cluster, ConfigValidationError
-    import yaml
     from pcluster.validators.common import FailureLevel
 
-    from cluster_config.emulated.stubs import patch_pcluster
+    from cluster_config.emulated.stubs import RunningCluster, amazon_linux_image, patch_pcluster
 
     stubbed: list[str] = []
-    patch_pcluster(request["reservations"], request["placement_groups"], _amazon_linux_image(boto3), stubbed)
+    patch_pcluster(request["reservations"], request["placement_groups"], amazon_linux_image(boto3.client("ec2")), stubbed)
 
     ran: list[str] = []
     execute = Resource._validator_execute
@@ -54,16 +54,17 @@ def main() -> None:
 
     Resource._validator_execute = staticmethod(record)
 
-    cluster = Cluster(request["cluster_name"], config=request["config"])
-    error = None
-    try:
-        failures = cluster.validate_create_request(validator_suppressors=set(), validation_failure_level=FailureLevel.ERROR)
-    except ConfigValidationError as exc:
-        failures = exc.validation_failures or []
-        if not failures:
-            error = str(exc)
+    error, failures = None, []
+    if request["config"] is not None:  # None: update checks only
+        cluster = Cluster(request["cluster_name"], config=request["config"])
+        try:
+            failures = cluster.validate_create_request(validator_suppressors=set(), validation_failure_level=FailureLevel.ERROR)
+        except ConfigValidationError as exc:
+            failures = exc.validation_failures or []
+            if not failures:
+                error = str(exc)
 
-    running = _RunningCluster(request["cluster_name"])
+    running = RunningCluster(request["cluster_name"])
     patches = {}
     for name, (base, target) in request.get("patches", {}).items():
         allowed, rows = ConfigPatch(cluster=running, base_config=yaml.safe_load(base), target_config=yaml.safe_load(target)).check()
@@ -78,33 +79,8 @@ def main() -> None:
     }, sys.stdout)
 
 
-class _RunningCluster:
-    """The cluster an update is checked against: compute nodes running, no login nodes (stubs.PCLUSTER_STUBS)."""
-
-    class _Instance:
-        state = "running"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.stack_name = name
-        self.head_node_instance = self._Instance()
-
-    def has_running_capacity(self) -> bool:
-        return True
-
-    def has_running_login_nodes(self, pool_name=None) -> bool:
-        return False
-
-
 def _plain(value):
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-
-
-def _amazon_linux_image(boto3) -> str:
-    """An x86_64 Amazon Linux image that exists in the emulated account (stands in for the official AMI)."""
-    images = boto3.client("ec2").describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"]
-    preferred = [i for i in images if "al2023" in i.get("Name", "")] or images
-    return sorted(preferred, key=lambda i: i["ImageId"])[0]["ImageId"]
 
 
 if __name__ == "__main__":

@@ -134,6 +134,31 @@ def patch_pcluster(reservations: list[dict[str, Any]], placement_groups: list[di
     Ec2Client.describe_placement_group = describe_placement_group
 
 
+class RunningCluster:
+    """The cluster an update is checked against (PCLUSTER_STUBS): compute nodes running, no login nodes."""
+
+    class _Instance:
+        state = "running"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stack_name = name
+        self.head_node_instance = self._Instance()
+
+    def has_running_capacity(self) -> bool:
+        return True
+
+    def has_running_login_nodes(self, pool_name=None) -> bool:
+        return False
+
+
+def amazon_linux_image(ec2) -> str:
+    """An x86_64 Amazon Linux image that exists in the emulated account (answers get_official_image_id)."""
+    images = ec2.describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": ["x86_64"]}])["Images"]
+    preferred = [i for i in images if "al2023" in i.get("Name", "")] or images
+    return sorted(preferred, key=lambda i: i["ImageId"])[0]["ImageId"]
+
+
 def reservation_description(settings: dict[str, Any]) -> list[dict[str, Any]]:
     """What EC2 DescribeCapacityReservations says about the settings' reservation (plain settings dict)."""
     queue = settings["gpu_queue"]

@@ -19,8 +19,9 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 @pytest.fixture(scope="session")
 def pcluster_venv():
-    """ParallelCluster 3.16.1 in .venv-pcluster (scripts/install_pcluster_venv.sh is idempotent)."""
-    subprocess.run([str(REPO_ROOT / "scripts" / "install_pcluster_venv.sh")], check=True, capture_output=True)
+    """ParallelCluster 3.16.1 in .venv-pcluster (scripts/install_tool_venv.sh is idempotent)."""
+    subprocess.run([str(REPO_ROOT / "scripts" / "install_tool_venv.sh"), ".venv-pcluster", "requirements-pcluster.txt"],
+                   check=True, capture_output=True)
 
 
 @pytest.fixture(scope="session")

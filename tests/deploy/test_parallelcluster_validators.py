@@ -63,8 +63,11 @@ def test_every_acknowledged_warning_is_still_raised(report):
 @pytest.mark.parametrize("env", ENVS)
 def test_settings_changes_during_a_run_that_a_running_cluster_accepts(report, env):
     updates = report(env).updates
-    for scenario in ("add a model", "remove a model", "resize a model", "raise cpu_queue.max_count"):
+    for scenario in ("add a model", "remove a model", "raise cpu_queue.max_count"):
         assert updates[scenario]["allowed"], (scenario, updates[scenario]["rows"])
+        assert updates[scenario]["rows"], f"{scenario}: the config did not change, so nothing was checked"
+    # A model's node count lives in its job script and the plan, not in the cluster config.
+    assert updates["resize a model"] == {"allowed": True, "rows": []}
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -150,6 +153,27 @@ def test_capacity_block_with_min_count_0(synthesized, pcluster_venv):
     assert result.errors == []  # not caught by ParallelCluster: why the reservation kind is a setting
 
 
+def test_persistent_1_file_systems_pass_parallelclusters_validators(synthesized, pcluster_venv, tmp_path):
+    """storage.deployment_type PERSISTENT_1: the storage template's ImportPath/ExportPath reach the FSx API."""
+    from stacks.app import build_app
+    from tests.settings_files import write_env
+
+    import json
+
+    tiers = {"storage_capacity_gib": 1200, "throughput_per_tib": 200}
+    config_dir = write_env(tmp_path / "settings", "dev", storage__deployment_type="PERSISTENT_1",
+                           storage__data={**tiers, "mount_dir": "/fsx/data"},
+                           storage__checkpoints={**tiers, "mount_dir": "/fsx/checkpoints"},
+                           storage__logs={**tiers, "mount_dir": "/fsx/logs"}).parent
+    built = build_app("dev", config_dir=config_dir, outdir=str(tmp_path / "cdk"))
+    built.app.synth()
+    templates = {part: json.loads((tmp_path / "cdk" / f"{stack.artifact_id}.template.json").read_text())
+                 for part, stack in built.stacks.items()}
+    result = check_environment(built.settings, built.stacks, templates, with_updates=False)
+    assert result.errors == [] and result.open_warnings == []
+    assert "ExistingFsxNetworkingValidator" in result.validators
+
+
 def test_update_scenarios_cover_what_users_change():
     from cluster_config.settings import load_settings
 
@@ -157,3 +181,32 @@ def test_update_scenarios_cover_what_users_change():
         "add a model", "remove a model", "resize a model", "lower gpu_queue.max_count",
         "raise cpu_queue.max_count", "change cpu_queue.instance_type",
     }
+
+
+def _deployed_from(tmp_path, **changes):
+    """A settings file as the running cluster was deployed from: the shipped prod with ``changes``."""
+    from tests.settings_files import write_env
+
+    return write_env(tmp_path / "deployed", "prod", **changes)
+
+
+def test_update_check_accepts_a_new_model_before_deploy(pcluster_venv, tmp_path, capsys):
+    from cluster_config.__main__ import main
+
+    raw_models = [{"name": f"model{i}", "nodes": 11, "preset": "llama2-7b"} for i in range(1, 7)]
+    deployed = _deployed_from(tmp_path, models=raw_models)  # before model7 was added
+    assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 0
+    out = capsys.readouterr().out
+    assert "prod: the running cluster accepts this update (1 change(s))" in out
+    assert "['HeadNode', 'CustomActions', 'OnNodeUpdated']/Args" in out
+
+
+def test_update_check_refuses_an_instance_type_change_with_the_fix(pcluster_venv, tmp_path, capsys):
+    from cluster_config.__main__ import main
+
+    deployed = _deployed_from(tmp_path, cpu_queue__instance_type="c7i.16xlarge")
+    assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 1
+    captured = capsys.readouterr()
+    assert "ACTION NEEDED ['Scheduling', 'SlurmQueues[cpu]']/ComputeResources" in captured.out
+    assert "error: ParallelCluster would refuse this update on the running cluster" in captured.err
+    assert "pcluster update-compute-fleet --status STOP_REQUESTED" in captured.err
