@@ -203,6 +203,7 @@ def test_validate_names_each_bad_shard_and_shows_progress(dp_copy):
 
 def test_a_stalled_worker_is_an_error_after_the_timeout_not_a_silent_wait(dp_dataset):
     """A worker stopped mid-run (what a hung file system read looks like) ends in the loop's next()."""
+    import gc
     import signal
     import time
     from pathlib import Path
@@ -226,5 +227,10 @@ def test_a_stalled_worker_is_an_error_after_the_timeout_not_a_silent_wait(dp_dat
         # worker (joins of up to 5 s each), not never.
         assert time.monotonic() - start < 30
     finally:
+        # Let the stopped worker run again so the DataLoader shuts it down itself: a worker killed
+        # here would reach the DataLoader's SIGCHLD handler and fail whatever test runs next.
         for pid in workers:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        batches.close()
+        del batches
+        gc.collect()
