@@ -11,9 +11,9 @@ def main() -> int:
     app = new_app()
     try:
         settings = settings_for(app.node.try_get_context("env"))
-    except SettingsError as exc:
+    except SettingsError as exc:  # bad input: exit 2 (docs/cli.md)
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     add_stacks(app, settings)
     app.synth()
     return 0

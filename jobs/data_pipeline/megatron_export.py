@@ -35,7 +35,6 @@ temporary names and renamed into place, ``.idx`` last (after removing an old one
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -44,6 +43,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from cli import ArgumentParser, fail
 
 from .loader import ShardReader
 from .shards import DatasetError, DatasetMeta, _tmp_name, read_dataset_meta
@@ -163,17 +164,16 @@ def export(dataset, prefix, *, chunk_tokens: int = CHUNK_TOKENS) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.megatron_export",
-                                description="Export a packed-token dataset as a Megatron-LM "
-                                            "indexed dataset (<prefix>.bin + <prefix>.idx).")
+    p = ArgumentParser(prog="python -m data_pipeline.megatron_export",
+                       description="Export a packed-token dataset as a Megatron-LM indexed dataset "
+                                   "(<prefix>.bin + <prefix>.idx).")
     p.add_argument("dataset", help="dataset folder (holding dataset.json)")
     p.add_argument("prefix", help="output path prefix, as given to Megatron's --data-path")
     a = p.parse_args(argv)
     try:
         summary = export(a.dataset, a.prefix)
     except (DatasetError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print(json.dumps(summary))
     return 0
 

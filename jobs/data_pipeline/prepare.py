@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from cli import ArgumentParser, fail
+
 
 class PrepareError(ValueError):
     pass
@@ -122,8 +124,8 @@ def prepare(out_dir, num_files: int = 10, *, inputs=None, hf_dataset=None, hf_co
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.prepare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m data_pipeline.prepare", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for the raw files")
     p.add_argument("--num-files", type=int, default=10, help="how many raw files (array tasks)")
     p.add_argument("--input", nargs="+", help="local .txt (line = document) or .jsonl files")
@@ -138,8 +140,7 @@ def main(argv=None) -> int:
                          hf_config=a.hf_config, split=a.split, text_field=a.text_field,
                          fmt=a.format)
     except PrepareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print(json.dumps(report))
     return 0
 
