@@ -25,7 +25,8 @@
 # CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup).
 set -euo pipefail
 
-MODEL="${1:?usage: train.sh MODEL [--config FILE] [section.key=value ...]}"
+(($#)) || { echo "error: no model given — usage: train.sh MODEL [--config FILE] [section.key=value ...]" >&2; exit 2; }
+MODEL=$1
 shift
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 # shellcheck source=jobs/env.sh

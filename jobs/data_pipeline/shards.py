@@ -160,7 +160,7 @@ def read_dataset_meta(path: str | os.PathLike) -> DatasetMeta:
         if path.is_dir() and any(path.glob("*.idx.json")):
             hint = (" (shard indexes exist: the tokenize array may be unfinished; run "
                     f"`python -m data_pipeline.tokenize finalize {path}` once all tasks are done)")
-        raise DatasetError(f"no {META_FILE} in {path}{hint}; build the dataset with "
+        raise DatasetError(f"no {META_FILE} in {path}{hint} — build the dataset with "
                            "`sbatch jobs/preprocess.sh` or `python -m data_pipeline.tokenize`")
     try:
         raw = json.loads(meta_file.read_text())
