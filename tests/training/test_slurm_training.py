@@ -151,6 +151,8 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     assert last < first - 1.0, (first, last)
     out = uninterrupted.output()
     assert "model1 on 2 nodes x 1 workers" in out  # one per (stand-in) GPU
+    assert "config jobs/training/configs/tiny.yaml, arguments: --config" in out  # the one the trainer read
+    assert "step 40/40 (elapsed " in out  # the training log line's progress
     assert "status complete" in out
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
 
