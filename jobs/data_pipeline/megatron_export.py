@@ -44,10 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
+from atomic_file import temporary_name
 from cli import ArgumentParser, fail
 
 from .loader import ShardReader
-from .shards import DatasetError, DatasetMeta, _tmp_name, read_dataset_meta
+from .shards import DatasetError, DatasetMeta, read_dataset_meta
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -142,8 +143,9 @@ def export(dataset, prefix, *, chunk_tokens: int = CHUNK_TOKENS) -> dict:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     # Prefixes often hold dots (wiki.v2_text_document): append, never with_suffix.
     bin_path, idx_path = (prefix.with_name(prefix.name + ext) for ext in (".bin", ".idx"))
-    bin_tmp, idx_tmp, lengths_tmp = (_tmp_name(bin_path), _tmp_name(idx_path),
-                                     _tmp_name(prefix.with_name(prefix.name + ".lengths")))
+    # Two files renamed in order (.idx last), so not atomic_open: the same temporary names, by hand.
+    bin_tmp, idx_tmp, lengths_tmp = (temporary_name(bin_path), temporary_name(idx_path),
+                                     temporary_name(prefix.with_name(prefix.name + ".lengths")))
     try:
         with open(bin_tmp, "wb") as bin_f, open(lengths_tmp, "w+b") as lengths_f:
             documents, tokens = _write_tokens(meta, out_dtype, bin_f, lengths_f, chunk_tokens)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
+from atomic_file import atomic_open
 from cli import ArgumentParser, fail
 
 
@@ -87,12 +87,10 @@ def write_parts(documents, out_dir, num_files: int, fmt: str, total: int) -> lis
     for i in range(num_files):
         count = total // num_files + (i < total % num_files)
         path = out_dir / f"part-{i:05d}.{fmt}"
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_open(path, "w", encoding="utf-8") as f:
             for _ in range(count):
                 doc = next(docs)
                 f.write((json.dumps({"text": doc}) if fmt == "jsonl" else doc) + "\n")
-        os.replace(tmp, path)
         parts.append({"file": path.name, "documents": count, "bytes": path.stat().st_size})
     return parts
 

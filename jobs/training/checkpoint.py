@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
+from atomic_file import write_atomic
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from .distributed import Dist
@@ -183,11 +184,3 @@ class Checkpointer:
                 f"Use a new checkpoint.dir (or model name) for this model, or set the config back."
             )
 
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -17,13 +17,14 @@ import zlib
 
 import torch
 import torch.nn.functional as F
+from atomic_file import write_atomic
 from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
+from .checkpoint import CheckpointMismatch, Checkpointer
 from .config import Config, ConfigError, config_keys, load_config
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
