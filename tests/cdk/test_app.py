@@ -89,3 +89,13 @@ def test_no_environment_fails_synth_asking_for_one():
     assert f"error: no environment chosen: pass -c env=NAME (available: {available})" in result.stderr
     assert "Traceback" not in result.stderr
 
+
+
+def test_the_app_prints_the_plan_and_the_stacks_print_nothing(capfd, tmp_path):
+    from stacks.app import build_app
+
+    build_app("dev", outdir=str(tmp_path))  # every stack constructed, as each test and synth does
+    assert "Plan for dev" not in "".join(capfd.readouterr())
+    result = run_app(env="dev")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("Plan for dev: ") == 1
