@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -66,3 +67,18 @@ def test_every_entry_point_exits_2_with_one_error_line_on_a_bad_argument():
         if result.returncode != 2 or not last.startswith("error: ") or expected not in last or "Traceback" in result.stderr:
             wrong.append(f"{' '.join(command[-4:])}: exit {result.returncode}, last stderr line {last!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_progress_in_a_log_is_a_percent_rate_and_eta_line():
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    from cli.progress import Progress
+
+    lines: list[str] = []
+    progress = Progress(1000, "upload", every=0, write=lines.append, tty=False)  # every=0: a line per update
+    with Pool(4) as pool:  # the upload and hashing pools update from their threads
+        list(pool.map(progress.update, [100] * 10))
+    progress.close()
+    assert progress.done == 1000 and len(lines) == 11
+    assert re.fullmatch(r"upload: 10\.0% \(100\.0 B of 1\.0 kB\), [\d.]+ [kMGT]?B/s, eta \d+:\d\d:\d\d", lines[0])
+    assert lines[-1].startswith("upload: 100.0% (1.0 kB of 1.0 kB), ") and lines[-1].endswith("eta 0:00:00")
