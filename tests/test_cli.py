@@ -82,3 +82,19 @@ def test_progress_in_a_log_is_a_percent_rate_and_eta_line():
     assert progress.done == 1000 and len(lines) == 11
     assert re.fullmatch(r"upload: 10\.0% \(100\.0 B of 1\.0 kB\), [\d.]+ [kMGT]?B/s, eta \d+:\d\d:\d\d", lines[0])
     assert lines[-1].startswith("upload: 100.0% (1.0 kB of 1.0 kB), ") and lines[-1].endswith("eta 0:00:00")
+
+
+def test_training_help_lists_every_config_key_with_its_default(capsys):
+    from training.config import Config
+    from training.train import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: python -m training.train ")
+    for section, field in Config.model_fields.items():
+        keys = getattr(field.annotation, "model_fields", None) or {None: field}
+        for key, sub in keys.items():
+            name = f"{section}.{key}" if key else section
+            assert f"  {name}={sub.default!r}" in out, name
+    assert "  train.steps=1000  optimizer steps in the whole run" in out
