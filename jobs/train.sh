@@ -33,7 +33,8 @@
 # job runs the code and config snapshot taken at its first start.
 set -euo pipefail
 
-MODEL="${1:?usage: train.sh MODEL [--config FILE] [section.key=value ...]}"
+(($#)) || { echo "error: no model given — usage: train.sh MODEL [--config FILE] [section.key=value ...]" >&2; exit 2; }
+MODEL=$1
 shift
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 pythonpath_at_submit="${PYTHONPATH:-}"
@@ -95,8 +96,17 @@ if [[ -n ${CONTAINER_IMAGE:-} ]]; then
   container=(--container-image="$CONTAINER_IMAGE" --container-mounts="/fsx:/fsx,$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR"
     --container-workdir="$SLURM_SUBMIT_DIR")
 fi
+# The trainer reads the last --config it is given: one among the arguments replaces the model's.
+used_config=$CONFIG
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --config) used_config=${args[i + 1]:-} ;;
+    --config=*) used_config=${args[i]#--config=} ;;
+  esac
+done
 echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $MODEL on ${SLURM_NNODES} nodes x ${NPROC_PER_NODE}" \
-  "workers ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$RDZV_PORT, ${*:-}"
+  "workers ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$RDZV_PORT, config $used_config, arguments: ${*:-none}"
 python -m training.recovery start "$LOG_DIR"  # a "launch" event with SLURM_RESTART_COUNT in metrics.jsonl
 
 # Hang evidence: the collectives flight recorder (NCCL on GPUs, gloo on CPUs) keeps each rank's last

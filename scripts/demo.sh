@@ -31,7 +31,7 @@ step "4/6 Data pipeline: tokenize job array on the cpu partition"
 DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
 
 step "5/6 Training: sbatch jobs/train_model1.sh on 2 nodes (tiny preset), interrupt, requeue, resume"
-python -m training.local_demo --fsx "$FSX_HOST"
+python -m local_cluster.training_demo --fsx "$FSX_HOST"
 
 step "6/6 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
 # Small sizes for a laptop-sized machine (the real defaults are sized for Lustre), compared with

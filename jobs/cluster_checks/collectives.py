@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from cli import ArgumentParser
-from cluster_checks.results import COLLECTIVES, Row, format_table, write_all
+from cluster_checks.report import format_table, write_all
+from cluster_checks.results import COLLECTIVES, Row
 
 DTYPE = torch.float32
 ELEMENT_BYTES = 4

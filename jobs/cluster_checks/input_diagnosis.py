@@ -216,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"input_diagnosis: {cfg.train.steps} real training steps ...", flush=True)
         steps = training_steps(cfg)
-    except (ConfigError, DatasetError) as exc:
+    except ConfigError as exc:
+        return fail(exc, "see python -m training.train --help for the keys")
+    except DatasetError as exc:
         return fail(exc)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

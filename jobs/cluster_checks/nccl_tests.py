@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cli import ArgumentParser, fail
-from cluster_checks.results import Row, format_table, write_all
+from cluster_checks.report import format_table, write_all
+from cluster_checks.results import Row
 
 BINARIES = {
     "all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "broadcast_perf": "broadcast",

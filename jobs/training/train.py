@@ -20,12 +20,14 @@ import zlib
 
 import torch
 import torch.nn.functional as F
+from atomic_file import write_atomic
+from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, write_atomic
+from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint
 from .config import Config, ConfigError, config_keys, load_config
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
@@ -192,27 +194,28 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="config keys (section.key=default  meaning):\n" + config_keys())
+    parser = ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="config keys (section.key=default  meaning):\n" + config_keys())
     parser.add_argument("--config", help="YAML config file (see jobs/training/configs/)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)  # overrides may come before and after a later --config
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
         _report_user_error(f"config error: {exc}")
-        return 2
+        return fail(exc, "see --help for every key")
     faulthandler.enable(all_threads=True)  # a crash or an abort (NCCL timeout) prints every thread's stack
     d = distributed.init(cfg.train.init_timeout_s)
     logging.basicConfig(level=logging.INFO if d.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     try:
         train(cfg, d)
-    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint) as exc:
-        log.error("%s", exc)
+    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint) as exc:  # bad input: exit 2 (docs/cli.md)
         _report_user_error(str(exc))
+        if d.is_main:
+            return fail(exc)
+        log.error("%s", exc)
         return 2
     finally:
         distributed.shutdown()

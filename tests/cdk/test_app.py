@@ -76,7 +76,7 @@ def run_app(**context) -> subprocess.CompletedProcess:
 
 def test_unknown_environment_fails_synth_listing_the_environments():
     result = run_app(env="missing")
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input (docs/cli.md)
     assert "error: no environment 'missing'" in result.stderr
     assert f"Available: {', '.join(available_environments())}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -84,8 +84,18 @@ def test_unknown_environment_fails_synth_listing_the_environments():
 
 def test_no_environment_fails_synth_asking_for_one():
     result = run_app()
-    assert result.returncode == 1
+    assert result.returncode == 2
     available = ", ".join(available_environments())
     assert f"error: no environment chosen: pass -c env=NAME (available: {available})" in result.stderr
     assert "Traceback" not in result.stderr
 
+
+
+def test_the_app_prints_the_plan_and_the_stacks_print_nothing(capfd, tmp_path):
+    from stacks.app import build_app
+
+    build_app("dev", outdir=str(tmp_path))  # every stack constructed, as each test and synth does
+    assert "Plan for dev" not in "".join(capfd.readouterr())
+    result = run_app(env="dev")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("Plan for dev: ") == 1

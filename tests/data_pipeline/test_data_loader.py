@@ -177,10 +177,10 @@ def test_out_of_range_token_ids_are_refused(dp_copy):
 
 def test_isolation_mode_reports_throughput_and_latency(dp_dataset):
     r = run_module("data_pipeline.isolation", dp_dataset.path, "--seq-len", SEQ_LEN,
-                   "--batch-size", 4, "--batches", 40, "--num-workers", 1)
+                   "--batch-size", 4, "--batches", 40, "--num-workers", 1, "--no-pin-memory")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["batches"] == 40 and report["tokens"] == 40 * 4 * SEQ_LEN
+    assert report["batches"] == 40 and report["tokens"] == 40 * 4 * SEQ_LEN and report["pin_memory"] is False
     assert report["tokens_per_s"] > 0 and 0 < report["fetch_ms_p50"] <= report["fetch_ms_p99"]
     assert report["padding_fraction"] == 0.0
 

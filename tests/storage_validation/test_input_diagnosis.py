@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cluster_checks import input_diagnosis
-from training.demo_data import build as build_demo_data
+from local_cluster.demo_data import build as build_demo_data
 
 TINY = "jobs/training/configs/tiny.yaml"
 
