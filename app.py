@@ -3,6 +3,7 @@
 
 import sys
 
+from cluster_config.plan import build_plan, format_plan
 from cluster_config.settings import SettingsError
 from stacks.app import add_stacks, new_app, settings_for
 
@@ -11,9 +12,10 @@ def main() -> int:
     app = new_app()
     try:
         settings = settings_for(app.node.try_get_context("env"))
-    except SettingsError as exc:
+    except SettingsError as exc:  # bad input: exit 2 (docs/cli.md)
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    print(format_plan(build_plan(settings)), file=sys.stderr)  # what this environment plans, at every synth
     add_stacks(app, settings)
     app.synth()
     return 0

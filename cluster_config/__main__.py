@@ -17,8 +17,16 @@ from cluster_config.render import ClusterResources, RenderError, render_cluster_
 from cluster_config.settings import SettingsError, available_environments, load_settings
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """Usage errors as ``error: <what> — <fix>``, exit 2: the convention of docs/cli.md (jobs/cli there)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message} — see {self.prog} --help\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster_config", description=__doc__.splitlines()[0])
+    parser = _ArgumentParser(prog="python -m cluster_config", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("render", "print the cluster config"), ("plan", "print the multi-model plan"),
                             ("fsx-expected", "print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh")):

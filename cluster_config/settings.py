@@ -257,10 +257,6 @@ class Settings(_Strict):
             )
         return self
 
-    @property
-    def planned_nodes(self) -> int:
-        return sum(model.nodes for model in self.models)
-
 
 def available_environments(config_dir: Path = CONFIG_DIR) -> list[str]:
     return sorted(path.stem for path in config_dir.glob("*.yaml"))

@@ -26,7 +26,8 @@
 # When training completes, the backup runs as a CPU job of its own (jobs/backup.sh) after this one.
 set -euo pipefail
 
-MODEL="${1:?usage: train.sh MODEL [--config FILE] [section.key=value ...]}"
+(($#)) || { echo "error: no model given — usage: train.sh MODEL [--config FILE] [section.key=value ...]" >&2; exit 2; }
+MODEL=$1
 shift
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 # shellcheck source=jobs/env.sh
@@ -50,8 +51,17 @@ if [[ -n ${CONTAINER_IMAGE:-} ]]; then
   container=(--container-image="$CONTAINER_IMAGE" --container-mounts="/fsx:/fsx,$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR"
     --container-workdir="$SLURM_SUBMIT_DIR")
 fi
+# The trainer reads the last --config it is given: one among the arguments replaces the model's.
+used_config=$CONFIG
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --config) used_config=${args[i + 1]:-} ;;
+    --config=*) used_config=${args[i]#--config=} ;;
+  esac
+done
 echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $MODEL on ${SLURM_NNODES} nodes x ${NPROC_PER_NODE}" \
-  "workers, rendezvous $MASTER_ADDR:$RDZV_PORT, config $CONFIG ${*:-}"
+  "workers, rendezvous $MASTER_ADDR:$RDZV_PORT, config $used_config, arguments: ${*:-none}"
 
 # Steps run their command through this: the launcher (torchrun, nvidia-smi) ignores SIGUSR1, which
 # would otherwise kill it; the training workers install their own handler over the inherited one.

@@ -1,4 +1,5 @@
-"""Python handle on the local two-node Slurm cluster (local_cluster/cluster.sh), for tests.
+"""Python handle on the local two-node Slurm cluster (local_cluster/cluster.sh), for tests, and the one
+helper that waits for a Slurm job (``wait_for_job``; from a shell: ``python -m local_cluster.client wait JOB``).
 
 Tests get one through the session fixture ``slurm_cluster`` (tests/conftest.py)::
 
@@ -20,9 +21,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from cli import ArgumentParser
 
 REPO = Path(__file__).resolve().parent.parent
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -78,28 +82,63 @@ class LocalCluster:
         return result.stdout.strip().split(";")[0]
 
     def jobs(self, job_id: str) -> list[dict[str, str]]:
-        """``scontrol show job`` records for a job (several for a job array)."""
-        result = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
-                                text=True, timeout=30)
-        if result.returncode != 0:
-            raise RuntimeError(f"scontrol show job {job_id}: {result.stderr.strip()}")
-        return [dict(FIELD.findall(line)) for line in result.stdout.splitlines() if line.strip()]
+        return job_records(job_id)
 
     def wait(self, job_id: str, timeout: float = 180) -> tuple[str, int]:
-        """Wait until the job (every task of an array) has ended; return (state, exit code).
+        return wait_for_job(job_id, timeout)
 
-        For an array the state is COMPLETED only if every task completed, and the exit code is
-        the largest. Raises TimeoutError with the last records if it does not end in time.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            records = self.jobs(job_id)
-            if records and all(r.get("JobState") in TERMINAL_STATES for r in records):
-                states = [r["JobState"] for r in records]
-                failed = [s for s in states if s != "COMPLETED"]
-                code = max(int(r.get("ExitCode", "0:0").split(":")[0]) for r in records)
-                return (failed[0] if failed else "COMPLETED"), code
-            if time.monotonic() > deadline:
-                summary = "; ".join(f"{r.get('JobId')} {r.get('JobState')} {r.get('Reason')}" for r in records)
-                raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s: {summary}")
-            time.sleep(0.5)
+
+# --- the one "wait for a Slurm job" helper: tests, the demos (also from shell: main below) -------
+
+def job_records(job_id: str) -> list[dict[str, str]]:
+    """``scontrol show job`` records for a job (several for a job array)."""
+    result = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                            text=True, timeout=30)
+    if result.returncode != 0:
+        raise RuntimeError(f"scontrol show job {job_id}: {result.stderr.strip()}")
+    return [dict(FIELD.findall(line)) for line in result.stdout.splitlines() if line.strip()]
+
+
+def wait_for_job(job_id: str, timeout: float = 180, *, on_poll: Callable[[], None] | None = None,
+                 interval: float = 0.5) -> tuple[str, int]:
+    """Wait until the job (every task of an array) has ended; return (state, exit code).
+
+    For an array the state is COMPLETED only if every task completed, and the exit code is
+    the largest. ``on_poll`` runs at every poll (the training demo interrupts the job from it).
+    Raises TimeoutError with the last records if it does not end in time.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if on_poll is not None:
+            on_poll()
+        records = job_records(job_id)
+        if records and all(r.get("JobState") in TERMINAL_STATES for r in records):
+            states = [r["JobState"] for r in records]
+            failed = [s for s in states if s != "COMPLETED"]
+            code = max(int(r.get("ExitCode", "0:0").split(":")[0]) for r in records)
+            return (failed[0] if failed else "COMPLETED"), code
+        if time.monotonic() > deadline:
+            summary = "; ".join(f"{r.get('JobId')} {r.get('JobState')} {r.get('Reason')}" for r in records)
+            raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s: {summary}")
+        time.sleep(interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m local_cluster.client wait JOB [--timeout S]``: exit 0 if it completed, 1 if not."""
+    parser = ArgumentParser(prog="python -m local_cluster.client", description="Wait for a Slurm job.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    wait = commands.add_parser("wait", help="wait until the job has ended; print its state and exit code")
+    wait.add_argument("job")
+    wait.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    try:
+        state, code = wait_for_job(args.job, args.timeout)
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"error: {exc} — see squeue / scontrol show job {args.job}", file=sys.stderr)
+        return 2 if isinstance(exc, RuntimeError) else 1
+    print(f"job {args.job}: {state} (exit {code})", file=sys.stdout if state == "COMPLETED" else sys.stderr)
+    return 0 if state == "COMPLETED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -39,7 +39,7 @@ NODE_MEMORY_MB=4096
 PACKAGES=(slurmctld slurmd slurm-client munge iproute2 util-linux procps)
 
 log() { printf '[local-cluster] %s\n' "$*"; }
-die() { printf '[local-cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 node_ip() { echo "$NET_PREFIX.$((10 + ${1#node}))"; }
 netns_of() { echo "lc-$1"; }
@@ -343,5 +343,5 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status" >&2; exit 2 ;;
 esac

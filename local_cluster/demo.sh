@@ -12,22 +12,8 @@ cd "$REPO"
 # Jobs run the repository's venv from the shared file system (sbatch exports this environment).
 export JOBS_VENV="${JOBS_VENV:-$REPO/.venv}"
 
-# Wait for a job to end; print its state and exit code, and return non-zero unless it completed.
-wait_job() {
-  local job=$1 deadline=$((SECONDS + 600)) record state exit_code
-  while :; do
-    record=$(scontrol -o show job "$job")
-    state=$(sed -n 's/.* JobState=\([A-Z_]*\) .*/\1/p' <<<"$record")
-    exit_code=$(sed -n 's/.* ExitCode=\([0-9:]*\) .*/\1/p' <<<"$record")
-    case $state in
-      COMPLETED) echo "job $job: $state (exit $exit_code)"; return 0 ;;
-      FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | BOOT_FAIL | DEADLINE)
-        echo "job $job: $state (exit $exit_code)" >&2; return 1 ;;
-    esac
-    ((SECONDS < deadline)) || { echo "job $job: still $state after 600 s" >&2; return 1; }
-    sleep 1
-  done
-}
+# Wait for a job to end (the one wait helper, local_cluster/client.py); non-zero unless it completed.
+wait_job() { "$JOBS_VENV/bin/python" -m local_cluster.client wait "$1" --timeout 600; }
 
 smoke=$(sbatch --parsable jobs/test_2nodes.sh)
 collectives=$(sbatch --parsable jobs/collectives.sh "$@")
@@ -50,7 +36,7 @@ else
 fi
 
 if ((failed)); then
-  echo "DEMO FAILED: see the logs above and in $LOGS" >&2
+  echo "error: the local cluster demo failed — see the logs above and in $LOGS" >&2
   exit 1
 fi
 echo "demo OK"

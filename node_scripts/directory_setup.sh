@@ -33,7 +33,7 @@ NARROW_STRIPE=(-c 1)       # one OST: logs
 log() { printf '%s directory_setup: %s\n' "$(date -u +%FT%TZ)" "$*" | tee -a "$LOG_FILE" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 usage() {
-  echo "usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--jobs-uri S3URI] [--timeout SECONDS] MODEL..." >&2
+  echo "error: bad arguments — usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--jobs-uri S3URI] [--checkpoint-uri S3URI] [--timeout SECONDS] MODEL..." >&2
   exit 2
 }
 

@@ -8,14 +8,12 @@ CloudFormation custom resource.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudformation as cfn, aws_s3_deployment as s3deploy
 from constructs import Construct
 
-from cluster_config.plan import build_plan, format_plan
 from cluster_config.render import (
     CONFIG_PREFIX,
     JOBS_PREFIX,
@@ -47,7 +45,6 @@ class ClusterStack(cdk.Stack):
     ) -> None:
         # A stack that owns a running cluster must not go by accident (see docs/cluster.md).
         super().__init__(scope, construct_id, env=env, termination_protection=settings.create_cluster, **kwargs)
-        print(format_plan(build_plan(settings)), file=sys.stderr)
 
         self.resources = ClusterResources(
             head_node_subnet_id=network.head_node_subnet.subnet_id,

@@ -21,7 +21,7 @@ def rejection(tmp_path: Path, env_name: str = "prod", **changes) -> str:
 def test_shipped_environments_load(env_name):
     settings = load_settings(env_name)
     assert settings.name == env_name
-    assert settings.gpu_queue.max_count >= settings.planned_nodes
+    assert settings.gpu_queue.max_count >= sum(model.nodes for model in settings.models)
 
 
 def test_unmodified_copy_loads(tmp_path):

@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "jobs"))
 
+from cli import ArgumentParser  # noqa: E402
 from data_pipeline.sample_data import train_tokenizer, write_corpus  # noqa: E402
 from data_pipeline.shards import write_json_atomic  # noqa: E402
 
@@ -161,7 +162,8 @@ def bench_uint32(work: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = ArgumentParser(prog="python -m benchmarks.data_pipeline", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mb", type=float, default=16, help="corpus size")
     p.add_argument("--files", type=int, default=8, help="raw files (array tasks)")
     p.add_argument("--vocab-size", type=int, default=4096)

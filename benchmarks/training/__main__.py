@@ -8,7 +8,6 @@ Targets: async blocking per save <= 10% of a synchronous save of the same state;
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -18,11 +17,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "jobs"))
 
+from cli import ArgumentParser  # noqa: E402
+
 from . import checkpoint, throughput  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m benchmarks.training", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/training.json"))
     parser.add_argument("--saves", type=int, default=5)
     args = parser.parse_args(argv)

@@ -47,7 +47,7 @@ def _on_slurm() -> dict | None:
     cluster = LocalCluster()
     if not cluster.is_up():
         return None
-    from training import demo_data
+    from local_cluster import demo_data
 
     demo_data.build(cluster.fsx / "data/tokenized-sample")
     (cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def _on_slurm() -> dict | None:
 
 
 def _on_host(tmp: Path) -> dict:
-    from training import demo_data
+    from local_cluster import demo_data
 
     data = demo_data.build(tmp / "data/tokenized-sample").path
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "FSX_DATA": str(tmp / "data"),

@@ -3,7 +3,8 @@
 Network (jobs/collectives.sh, jobs/nccl_tests.sh):
 - ``collectives``: torch.distributed collective benchmark with per-rank correctness checks.
 - ``nccl_tests``: parser for nccl-tests output and the EFA transport check.
-- ``results``: the shared result row, bus-bandwidth formulas, table / CSV / JSON output.
+- ``results``: the shared result row and the bus-bandwidth formulas (data only).
+- ``report``: the table, results.csv / results.json, and the plot (``report`` -> ``plot`` -> ``results``).
 - ``plot``: bus bandwidth vs message size as a PNG.
 
 Storage (jobs/fsx_perf.sh):

@@ -1,5 +1,7 @@
 """One result row per (collective, message size), shared by the torch benchmark and the nccl-tests parser.
 
+The data only: ``report`` formats and writes rows, ``plot`` draws them; both import this module.
+
 Sizes and bandwidths follow nccl-tests (its PERFORMANCE.md): ``size_bytes`` is the larger of a
 rank's input and output buffers (the full gathered buffer for all_gather, the full input for
 reduce_scatter, the whole per-rank buffer for all_to_all), algorithm bandwidth is size / time and
@@ -9,10 +11,7 @@ figure is comparable with the hardware's link speed whatever the number of ranks
 
 from __future__ import annotations
 
-import csv
-import json
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter", "all_to_all")
 
@@ -58,43 +57,3 @@ def human_bytes(n: float) -> str:
             return f"{n:g} {unit}"
         n /= 1024
     return f"{n:g} GiB"
-
-
-def format_table(rows: list[Row]) -> str:
-    header = (f"{'collective':<15}{'size':>10}{'time (us)':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
-              f"{'check':>14}  method")
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        check = f"{'ok' if r.correct else 'WRONG'} {r.ranks_checked}/{r.world_size}"
-        lines.append(f"{r.collective:<15}{human_bytes(r.size_bytes):>10}{r.time_us:>12.1f}"
-                     f"{r.algbw_gbps:>12.3f}{r.busbw_gbps:>12.3f}{check:>14}  {r.method}")
-    return "\n".join(lines)
-
-
-def write_csv(rows: list[Row], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Row)])
-        writer.writeheader()
-        writer.writerows(asdict(r) for r in rows)
-
-
-def write_json(rows: list[Row], path: Path, **meta) -> None:
-    path.write_text(json.dumps({**meta, "results": [asdict(r) for r in rows]}, indent=2) + "\n")
-
-
-def read_json(path: Path) -> tuple[dict, list[Row]]:
-    data = json.loads(path.read_text())
-    rows = [Row(**r) for r in data.pop("results")]
-    return data, rows
-
-
-def write_all(rows: list[Row], out_dir: Path, title: str, **meta) -> dict[str, Path]:
-    """Write results.csv, results.json and busbw.png into ``out_dir``; return their paths."""
-    from cluster_checks.plot import plot_bus_bandwidth  # matplotlib only when writing files
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out_dir / "results.csv", "json": out_dir / "results.json", "plot": out_dir / "busbw.png"}
-    write_csv(rows, paths["csv"])
-    write_json(rows, paths["json"], title=title, **meta)
-    plot_bus_bandwidth(rows, paths["plot"], title)
-    return paths

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import torch
+from cli import ArgumentParser, fail
 
 from .loader import DatasetError, TokenLoader
 
@@ -44,7 +45,8 @@ def measure(loader: TokenLoader, batches: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.isolation", description=__doc__)
+    p = ArgumentParser(prog="python -m data_pipeline.isolation", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--batch-size", type=int, required=True, help="per-rank micro batch")
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--pin-memory", action="store_true", default=torch.cuda.is_available(),
+    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=torch.cuda.is_available(),
                    help="pin batches (default: on when CUDA is available)")
     a = p.parse_args(argv)
     try:
@@ -61,8 +63,7 @@ def main(argv=None) -> int:
                              world_size=a.world_size, num_workers=a.num_workers, seed=a.seed,
                              pin_memory=a.pin_memory)
     except DatasetError as e:
-        print(f"ERROR {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     report = measure(loader, a.batches)
     report.update(batch_size=a.batch_size, seq_len=a.seq_len, num_workers=a.num_workers,
                   pin_memory=a.pin_memory, batches_per_epoch=loader.batches_per_epoch)

@@ -244,10 +244,6 @@ class TokenLoader:
         """Epoch of the next batch."""
         return self._next // self.plan.batches_per_epoch
 
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.batch_size * self.meta.seq_len
-
     def __iter__(self):
         stream = _BatchStream(self.meta, self._files, self.plan, self._next)
         extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers else {}

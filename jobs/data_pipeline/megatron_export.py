@@ -35,7 +35,6 @@ temporary names and renamed into place, ``.idx`` last (after removing an old one
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -45,8 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
+from atomic_file import temporary_name
+from cli import ArgumentParser, fail
+
 from .loader import ShardReader
-from .shards import DatasetError, DatasetMeta, _tmp_name, read_dataset_meta
+from .shards import DatasetError, DatasetMeta, read_dataset_meta
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -141,8 +143,9 @@ def export(dataset, prefix, *, chunk_tokens: int = CHUNK_TOKENS) -> dict:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     # Prefixes often hold dots (wiki.v2_text_document): append, never with_suffix.
     bin_path, idx_path = (prefix.with_name(prefix.name + ext) for ext in (".bin", ".idx"))
-    bin_tmp, idx_tmp, lengths_tmp = (_tmp_name(bin_path), _tmp_name(idx_path),
-                                     _tmp_name(prefix.with_name(prefix.name + ".lengths")))
+    # Two files renamed in order (.idx last), so not atomic_open: the same temporary names, by hand.
+    bin_tmp, idx_tmp, lengths_tmp = (temporary_name(bin_path), temporary_name(idx_path),
+                                     temporary_name(prefix.with_name(prefix.name + ".lengths")))
     try:
         with open(bin_tmp, "wb") as bin_f, open(lengths_tmp, "w+b") as lengths_f:
             documents, tokens = _write_tokens(meta, out_dtype, bin_f, lengths_f, chunk_tokens)
@@ -163,17 +166,16 @@ def export(dataset, prefix, *, chunk_tokens: int = CHUNK_TOKENS) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.megatron_export",
-                                description="Export a packed-token dataset as a Megatron-LM "
-                                            "indexed dataset (<prefix>.bin + <prefix>.idx).")
+    p = ArgumentParser(prog="python -m data_pipeline.megatron_export",
+                       description="Export a packed-token dataset as a Megatron-LM indexed dataset "
+                                   "(<prefix>.bin + <prefix>.idx).")
     p.add_argument("dataset", help="dataset folder (holding dataset.json)")
     p.add_argument("prefix", help="output path prefix, as given to Megatron's --data-path")
     a = p.parse_args(argv)
     try:
         summary = export(a.dataset, a.prefix)
     except (DatasetError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print(json.dumps(summary))
     return 0
 

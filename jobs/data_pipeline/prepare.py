@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
+
+from atomic_file import atomic_open
+from cli import ArgumentParser, fail
 
 
 class PrepareError(ValueError):
@@ -85,12 +87,10 @@ def write_parts(documents, out_dir, num_files: int, fmt: str, total: int) -> lis
     for i in range(num_files):
         count = total // num_files + (i < total % num_files)
         path = out_dir / f"part-{i:05d}.{fmt}"
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_open(path, "w", encoding="utf-8") as f:
             for _ in range(count):
                 doc = next(docs)
                 f.write((json.dumps({"text": doc}) if fmt == "jsonl" else doc) + "\n")
-        os.replace(tmp, path)
         parts.append({"file": path.name, "documents": count, "bytes": path.stat().st_size})
     return parts
 
@@ -122,8 +122,8 @@ def prepare(out_dir, num_files: int = 10, *, inputs=None, hf_dataset=None, hf_co
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.prepare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m data_pipeline.prepare", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for the raw files")
     p.add_argument("--num-files", type=int, default=10, help="how many raw files (array tasks)")
     p.add_argument("--input", nargs="+", help="local .txt (line = document) or .jsonl files")
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
                          hf_config=a.hf_config, split=a.split, text_field=a.text_field,
                          fmt=a.format)
     except PrepareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print(json.dumps(report))
     return 0
 

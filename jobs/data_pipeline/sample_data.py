@@ -8,10 +8,12 @@ writes ``OUT/raw/corpus-NNNNN.txt`` (one document per line) and ``OUT/tokenizer/
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+import sys
 from pathlib import Path
+
+from cli import ArgumentParser
 
 EOS_TOKEN = "<|endoftext|>"
 _NOUNS = "cat dog bird fish horse cow sheep mouse fox bear owl frog".split()
@@ -81,8 +83,8 @@ def make_sample(out_dir, *, num_files: int = 4, total_bytes: int = 400_000, seed
     return files, train_tokenizer(files, out_dir / "tokenizer", vocab_size=vocab_size)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    p = ArgumentParser(prog="python -m data_pipeline.sample_data", description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
     p.add_argument("--files", type=int, default=4, help="number of raw text files")
     p.add_argument("--size-kb", type=int, default=400, help="total corpus size")
@@ -92,7 +94,8 @@ def main(argv=None) -> None:
     files, tok = make_sample(a.out_dir, num_files=a.files, total_bytes=a.size_kb * 1000,
                              seed=a.seed, vocab_size=a.vocab_size)
     print(json.dumps({"raw_files": [str(f) for f in files], "tokenizer": str(tok)}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from atomic_file import atomic_open, write_atomic
 
 FORMAT = "packed-tokens/1"
 META_FILE = "dataset.json"
@@ -160,7 +161,7 @@ def read_dataset_meta(path: str | os.PathLike) -> DatasetMeta:
         if path.is_dir() and any(path.glob("*.idx.json")):
             hint = (" (shard indexes exist: the tokenize array may be unfinished; run "
                     f"`python -m data_pipeline.tokenize finalize {path}` once all tasks are done)")
-        raise DatasetError(f"no {META_FILE} in {path}{hint}; build the dataset with "
+        raise DatasetError(f"no {META_FILE} in {path}{hint} — build the dataset with "
                            "`sbatch jobs/preprocess.sh` or `python -m data_pipeline.tokenize`")
     try:
         raw = json.loads(meta_file.read_text())
@@ -200,18 +201,8 @@ def check_compatible(meta: DatasetMeta, *, seq_len: int, vocab_size: int | None 
                            + "; ".join(problems))
 
 
-def _tmp_name(path: Path) -> Path:
-    """A temporary name beside ``path``, unique per writer (array tasks may race on dataset.json)."""
-    return path.with_name(f"{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-
-
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = _tmp_name(path)
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1))
 
 
 def write_shard(path: Path, sequences: np.ndarray, *, sequences_per_member: int,
@@ -225,8 +216,7 @@ def write_shard(path: Path, sequences: np.ndarray, *, sequences_per_member: int,
     sample_bytes = sample_tokens * data.itemsize
     stem = path.name.removesuffix(".tar")
     sha = hashlib.sha256()
-    tmp = _tmp_name(path)
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         def put(buf):
             sha.update(buf)
             f.write(buf)
@@ -239,9 +229,6 @@ def write_shard(path: Path, sequences: np.ndarray, *, sequences_per_member: int,
             put(memoryview(chunk).cast("B"))
             put(bytes(round_up(chunk.nbytes) - chunk.nbytes))
         put(bytes(2 * TAR_BLOCK))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     size = path.stat().st_size
     assert size == shard_size(n, sequences_per_member, sample_bytes), "shard layout drifted"
     shard = ShardInfo(file=path.name, sequences=n, tokens=n * sample_tokens, bytes=size,

@@ -21,7 +21,6 @@ Inputs: ``*.txt`` (one document per line) or ``*.jsonl`` (one JSON object per li
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -31,8 +30,8 @@ from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
-
 import numpy as np
+from cli import ArgumentParser, fail
 
 from .shards import (DTYPES, META_FILE, DatasetMeta, ShardInfo, read_index, token_dtype_name,
                      write_json_atomic, write_shard)
@@ -334,8 +333,7 @@ def _task_index(arg: int | None) -> int | None:
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.tokenize",
-                                description="Tokenize raw text into packed-token shards.")
+    p = ArgumentParser(prog="python -m data_pipeline.tokenize", description="Tokenize raw text into packed-token shards.")
     sub = p.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="tokenize one input file (array task) or all of them")
     run.add_argument("--input-dir", required=True, help="folder of *.txt / *.jsonl raw files")
@@ -380,8 +378,7 @@ def main(argv=None) -> int:
         finalize(a.out, [f.name for f in files])
         return 0
     except (TokenizeError, TokenizerError) as e:
-        log.error("%s", e)
-        return 2
+        return fail(e)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ verify checks every manifest entry against the objects (presence, size, stored S
 ``--deep`` it downloads and re-hashes) and exits 1 naming each bad file.
 restore copies every manifest entry back into LOCAL_DIR and checks its SHA-256 (files already there
 with the right size and SHA-256 are kept): for a folder no FSx link lazy-loads, e.g. a local NVMe
-cache or a file system without a data repository association.
+cache or a file system without a data repository association. All three show progress
+(a bar on a terminal, a percent/rate/ETA line every 30 s in logs). Exit codes: docs/cli.md.
 
 Credentials come from the usual AWS chain (instance role on the cluster); ``--endpoint-url`` or
 ``AWS_ENDPOINT_URL`` points at another S3 API (tests use a local one).
@@ -28,6 +29,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from cli import ArgumentParser, fail
+from cli.progress import Progress
+
 MANIFEST = "manifest.json"
 
 
@@ -37,7 +41,7 @@ class UploadError(Exception):
 
 def parse_s3_url(url: str) -> tuple[str, str]:
     if not url.startswith("s3://") or len(url) <= 5:
-        raise UploadError(f"{url!r} is not an s3://bucket/prefix URL")
+        raise UploadError(f"{url!r} is not an S3 URL — write it as s3://bucket/prefix")
     bucket, _, prefix = url[5:].partition("/")
     return bucket, prefix.strip("/")
 
@@ -69,9 +73,9 @@ def _check_bucket(s3, bucket: str) -> None:
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         if code in ("404", "NoSuchBucket"):
-            raise UploadError(f"bucket {bucket!r} does not exist") from None
+            raise UploadError(f"bucket {bucket!r} does not exist — check the name (cdk deploy prints it)") from None
         if code in ("403", "AccessDenied"):
-            raise UploadError(f"access denied to bucket {bucket!r} (check the IAM policy)") from None
+            raise UploadError(f"access denied to bucket {bucket!r} — check the IAM policy of these credentials") from None
         raise
 
 
@@ -91,11 +95,11 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
 
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
-        raise UploadError(f"local folder {local_dir} does not exist")
+        raise UploadError(f"local folder {local_dir} does not exist — check the path")
     bucket, prefix = parse_s3_url(url)
     files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
     if not files:
-        raise UploadError(f"no files under {local_dir}")
+        raise UploadError(f"no files under {local_dir} — check the path (nothing to upload)")
     s3 = _client(endpoint_url, workers)
     _check_bucket(s3, bucket)
     transfer = TransferConfig(multipart_threshold=part_mb << 20, multipart_chunksize=part_mb << 20,
@@ -106,12 +110,15 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
         entry = {"size": path.stat().st_size, "sha256": sha256_file(path)}
         key = _key(prefix, rel)
         if _remote_sha(s3, bucket, key) == (entry["size"], entry["sha256"]):
+            progress.update(entry["size"])
             return rel, entry, False
         s3.upload_file(str(path), bucket, key, Config=transfer,
                        ExtraArgs={"Metadata": {"sha256": entry["sha256"]}})
+        progress.update(entry["size"])
         return rel, entry, True
 
-    with ThreadPoolExecutor(workers) as pool:
+    with Progress(sum(p.stat().st_size for p in files), f"sync {local_dir} -> {url}") as progress, \
+            ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, files))
     manifest = {"version": 1, "files": {rel: entry for rel, entry, _ in results}}
     s3.put_object(Bucket=bucket, Key=_key(prefix, MANIFEST),
@@ -131,6 +138,12 @@ def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8)
     manifest = _read_manifest(s3, bucket, prefix, url)
 
     def check(item) -> str | None:
+        try:
+            return _check(item)
+        finally:
+            progress.update(item[1]["size"])
+
+    def _check(item) -> str | None:
         rel, want = item
         key = _key(prefix, rel)
         remote = _remote_sha(s3, bucket, key)
@@ -149,7 +162,8 @@ def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8)
                 return f"{rel}: content SHA-256 {h.hexdigest()}, manifest says {want['sha256']}"
         return None
 
-    with ThreadPoolExecutor(workers) as pool:
+    total = sum(entry["size"] for entry in manifest.values())
+    with Progress(total, f"verify {url}{' (deep)' if deep else ''}") as progress, ThreadPoolExecutor(workers) as pool:
         return [p for p in pool.map(check, sorted(manifest.items())) if p]
 
 
@@ -161,25 +175,34 @@ def restore(url: str, local_dir, *, endpoint_url=None, workers: int = 8) -> dict
     manifest = _read_manifest(s3, bucket, prefix, url)
     local_dir = Path(local_dir)
 
-    def one(item) -> bool:
+    def one(item) -> tuple[bool, str | None]:
+        try:
+            return _one(item)
+        finally:
+            progress.update(item[1]["size"])
+
+    def _one(item) -> tuple[bool, str | None]:
+        """(downloaded, problem)"""
         rel, want = item
         path = local_dir / rel
         if path.is_file() and path.stat().st_size == want["size"] and sha256_file(path) == want["sha256"]:
-            return False
+            return False, None
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
         s3.download_file(bucket, _key(prefix, rel), str(tmp))
         got = sha256_file(tmp)
         if got != want["sha256"]:
             tmp.unlink()
-            raise UploadError(f"{rel}: downloaded SHA-256 {got}, manifest says {want['sha256']}")
+            return True, f"{rel}: downloaded SHA-256 {got}, manifest says {want['sha256']}"
         tmp.replace(path)  # only complete, checked files get their real name
-        return True
+        return True, None
 
-    with ThreadPoolExecutor(workers) as pool:
-        fetched = list(pool.map(one, sorted(manifest.items())))
-    return {"url": url, "dir": str(local_dir), "files": len(fetched), "downloaded": sum(fetched),
-            "skipped": len(fetched) - sum(fetched)}
+    total = sum(entry["size"] for entry in manifest.values())
+    with Progress(total, f"restore {url} -> {local_dir}") as progress, ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, sorted(manifest.items())))
+    downloaded = sum(fetched for fetched, _ in results)
+    return {"url": url, "dir": str(local_dir), "files": len(results), "downloaded": downloaded,
+            "skipped": len(results) - downloaded, "problems": [p for _, p in results if p]}
 
 
 def _read_manifest(s3, bucket: str, prefix: str, url: str) -> dict:
@@ -188,29 +211,33 @@ def _read_manifest(s3, bucket: str, prefix: str, url: str) -> dict:
         body = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST))["Body"].read()
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-            raise UploadError(f"no {MANIFEST} at {url}: run `sync` first") from None
+            raise UploadError(f"no {MANIFEST} at {url} — run `sync` first") from None
         raise
     return json.loads(body)["files"]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.upload", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
-                   help="S3 API endpoint (default: AWS)")
-    p.add_argument("--workers", type=int, default=8, help="parallel transfers")
+    p = ArgumentParser(prog="python -m data_pipeline.upload", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    # The options shared by both commands are given after the command, as the usage lines show.
+    common = ArgumentParser(add_help=False)
+    common.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
+                        help="S3 API endpoint (default: AWS)")
+    common.add_argument("--workers", type=int, default=8, help="parallel transfers")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("sync", help="upload changed files and write the manifest")
+    s = sub.add_parser("sync", parents=[common], help="upload changed files and write the manifest")
     s.add_argument("local_dir")
     s.add_argument("url", help="s3://bucket/prefix")
     s.add_argument("--part-mb", type=int, default=64, help="multipart threshold and part size")
-    v = sub.add_parser("verify", help="check the objects against the manifest")
+    v = sub.add_parser("verify", parents=[common], help="check the objects against the manifest")
     v.add_argument("url", help="s3://bucket/prefix")
     v.add_argument("--deep", action="store_true", help="download and re-hash every object")
-    r = sub.add_parser("restore", help="download the manifest's files and check their SHA-256")
+    r = sub.add_parser("restore", parents=[common], help="download the manifest's files and check their SHA-256")
     r.add_argument("url", help="s3://bucket/prefix")
     r.add_argument("local_dir")
     a = p.parse_args(argv)
+    if a.workers < 1:
+        p.error(f"--workers {a.workers}: needs at least 1")
     from boto3.exceptions import Boto3Error
     from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
                                      NoCredentialsError, PartialCredentialsError)
@@ -220,23 +247,26 @@ def main(argv=None) -> int:
                                   workers=a.workers, part_mb=a.part_mb)))
             return 0
         if a.cmd == "restore":
-            print(json.dumps(restore(a.url, a.local_dir, endpoint_url=a.endpoint_url, workers=a.workers)))
-            return 0
+            result = restore(a.url, a.local_dir, endpoint_url=a.endpoint_url, workers=a.workers)
+            for problem in result.pop("problems"):
+                print(f"problem: {problem}", file=sys.stderr)
+                result["bad"] = result.get("bad", 0) + 1
+            print(json.dumps(result))
+            return 1 if result.get("bad") else 0
         problems = verify(a.url, endpoint_url=a.endpoint_url, deep=a.deep, workers=a.workers)
         for problem in problems:
-            print(f"MISMATCH {problem}", file=sys.stderr)
+            print(f"problem: {problem}", file=sys.stderr)
         print(json.dumps({"url": a.url, "ok": not problems, "bad": len(problems)}))
         return 1 if problems else 0
     except UploadError as e:
-        print(f"error: {e}", file=sys.stderr)
+        return fail(e)
     except (NoCredentialsError, PartialCredentialsError):
-        print("error: no AWS credentials found (use the instance role on the cluster, or set "
-              "AWS_PROFILE / AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY)", file=sys.stderr)
+        return fail("no AWS credentials found", "use the instance role on the cluster, or set "
+                    "AWS_PROFILE / AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY")
     except EndpointConnectionError as e:
-        print(f"error: cannot reach S3: {e}", file=sys.stderr)
+        return fail(f"cannot reach S3: {e}", "check --endpoint-url / AWS_ENDPOINT_URL and the network")
     except (ClientError, BotoCoreError, Boto3Error) as e:
-        print(f"error: S3 request failed: {e}", file=sys.stderr)
-    return 2
+        return fail(f"S3 request failed: {e}", "check the bucket, the IAM policy and the region")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Modules:
   signals     SIGUSR1/SIGTERM stop requests
   metrics     loss, tokens/s, MFU, data wait, checkpoint blocking, memory -> log, JSONL, TensorBoard
   backup      copy the final checkpoint to S3 and verify it
-  demo_data   the small CPU dataset for tests and the local cluster
   plot        loss curve PNG from a run's metrics.jsonl
-  local_demo  the local two-node Slurm demo: train, interrupt, requeue, resume, plot
+
+The local-cluster demo and its dataset live beside the local cluster (local_cluster/), not here:
+this package ships to the real cluster.
 """

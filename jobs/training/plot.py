@@ -5,21 +5,22 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from cli import ArgumentParser, fail  # noqa: E402
 
 
 def plot(metrics: str | Path, out: str | Path, title: str = "") -> Path:
     records = [json.loads(line) for line in Path(metrics).read_text().splitlines() if line.strip()]
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}  # a rerun step overwrites its twin
     if not losses:
-        raise SystemExit(f"{metrics}: no loss records yet")
+        raise ValueError(f"{metrics}: no loss records yet — plot once training has logged a step")
     resumes = [r["step"] for r in records if r.get("event") == "start" and r.get("resumed")]
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = sorted(losses)
@@ -38,14 +39,20 @@ def plot(metrics: str | Path, out: str | Path, title: str = "") -> Path:
     return Path(out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m training.plot", description=__doc__.splitlines()[0])
     parser.add_argument("metrics")
     parser.add_argument("--out", required=True)
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
-    print(plot(args.metrics, args.out, args.title))
+    try:
+        print(plot(args.metrics, args.out, args.title))
+    except OSError as exc:
+        return fail(exc, "pass the metrics.jsonl of a run (<log.dir>/metrics.jsonl)")
+    except ValueError as exc:
+        return fail(exc)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -65,7 +65,7 @@ def test_wrong_result_fails_the_run(single_rank_group, monkeypatch, capsys):
     monkeypatch.setattr(dist, "broadcast", corrupting_broadcast)
     status, rows = run(single_rank_group, "--collectives", "broadcast")
     assert status == 1 and not any(r["correct"] for r in rows)
-    assert "WRONG results for broadcast@1024" in capsys.readouterr().err
+    assert "problem: rank 0: wrong results for broadcast@1024" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -58,4 +58,4 @@ def test_nccl_tests_refuses_to_run_without_gpus():
 
 def test_cluster_script_rejects_unknown_commands():
     result = subprocess.run([str(REPO / "local_cluster" / "cluster.sh"), "restart"], capture_output=True, text=True)
-    assert result.returncode == 2 and "usage:" in result.stderr
+    assert result.returncode == 2 and "error: unknown command 'restart' — usage:" in result.stderr

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from training.demo_data import build as build_demo_data
+from local_cluster.demo_data import build as build_demo_data
 
 pytestmark = pytest.mark.slurm
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from training import demo_data
+from local_cluster import demo_data
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "jobs/training/configs/tiny.yaml"

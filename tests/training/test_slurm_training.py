@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from tests.s3_server import FAKE_AWS_ENV, s3_server
-from training import demo_data
+from local_cluster import demo_data
 
 pytestmark = pytest.mark.slurm
 
@@ -151,6 +151,8 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     assert last < first - 1.0, (first, last)
     out = uninterrupted.output()
     assert "model1 on 2 nodes x 1 workers" in out  # one per (stand-in) GPU
+    assert "config jobs/training/configs/tiny.yaml, arguments: --config" in out  # the one the trainer read
+    assert "step 40/40 (elapsed " in out  # the training log line's progress
     assert "status complete" in out
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
 
@@ -228,7 +230,7 @@ def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterr
 def test_local_demo_requeues_and_writes_the_loss_curve(slurm_cluster, fsx, tmp_path):
     """What `make demo` runs: the real model1 directories on the stand-in FSx, interrupted once."""
     repo = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-m", "training.local_demo", "--fsx", str(fsx), "--steps", "30",
+    result = subprocess.run([sys.executable, "-m", "local_cluster.training_demo", "--fsx", str(fsx), "--steps", "30",
                              "--interrupt-at", "10"], cwd=repo, env={**slurm_cluster.env, "PYTHONPATH": str(repo / "jobs")},
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr

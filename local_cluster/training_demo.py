@@ -1,6 +1,6 @@
 """Demo on the local two-node Slurm cluster: train, get interrupted, requeue, resume, plot.
 
-    PYTHONPATH=jobs .venv/bin/python -m training.local_demo      (from the repository root, cluster up)
+    .venv/bin/python -m local_cluster.training_demo      (from the repository root, cluster up)
 
 1. builds the tiny dataset on the stand-in FSx (/fsx/data/tokenized-sample) and the log folder
    Slurm needs (/fsx/logs/model1); clears the stand-in's /fsx/checkpoints/model1 for a fresh run;
@@ -12,25 +12,18 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from . import demo_data, plot
+from cli import ArgumentParser
+from training import plot
 
-REPO = Path(__file__).resolve().parents[2]
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-
-def job_fields(job: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, check=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
+from . import demo_data
+from .client import REPO, job_records, wait_for_job
 
 
 def records(metrics: Path) -> list[dict]:
@@ -38,7 +31,7 @@ def records(metrics: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m local_cluster.training_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--fsx", default=str(REPO / ".local_cluster/fsx"), help="host folder mounted on /fsx in the nodes")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--interrupt-at", type=int, default=20)
@@ -57,24 +50,23 @@ def main(argv: list[str] | None = None) -> int:
            "--config", "jobs/training/configs/tiny.yaml", f"train.steps={args.steps}", "log.interval=1"]
     print("$", " ".join(cmd))
     job = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
-    deadline = time.monotonic() + args.timeout
 
     interrupted = False
-    while True:
-        state = job_fields(job).get("JobState", "")
+
+    def interrupt_once_at_step() -> None:
+        nonlocal interrupted
         steps = [r["step"] for r in records(metrics) if "loss" in r]
         if not interrupted and steps and max(steps) >= args.interrupt_at:
             print(f"step {max(steps)}: scancel --signal=USR1 {job}  (what --signal=USR1@600 does before the time limit)")
             subprocess.run(["scancel", "--signal=USR1", job], check=True)
             interrupted = True
-        if state in TERMINAL:
-            break
-        if time.monotonic() > deadline:
-            print(f"job {job} still {state} after {args.timeout} s", file=sys.stderr)
-            return 1
-        time.sleep(0.5)
 
-    fields = job_fields(job)
+    try:
+        wait_for_job(job, args.timeout, on_poll=interrupt_once_at_step)
+    except TimeoutError as exc:
+        print(f"problem: {exc}", file=sys.stderr)
+        return 1
+    fields = job_records(job)[0]
     losses = {r["step"]: r["loss"] for r in records(metrics) if "loss" in r}
     png = plot.plot(metrics, fsx / "logs/model1/loss.png", title=f"model1 (tiny preset), 2 nodes, job {job}")
     print(f"job {job}: {fields['JobState']} exit {fields.get('ExitCode')}, restarts {fields.get('Restarts')}")

@@ -1,14 +1,16 @@
-"""Build the small CPU dataset that configs/tiny.yaml trains on: the data pipeline's sample corpus,
-tokenized and packed at seq_len 128 (a few seconds, no downloads).
+"""Build the small CPU dataset that jobs/training/configs/tiny.yaml trains on: the data pipeline's
+sample corpus, tokenized and packed at seq_len 128 (a few seconds, no downloads). For the local
+cluster, the tests and the benchmarks; it is not part of the jobs bundle.
 
-    python -m training.demo_data /fsx/data/tokenized-sample
+    .venv/bin/python -m local_cluster.demo_data .local_cluster/fsx/data/tokenized-sample
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
+from cli import ArgumentParser
 from data_pipeline.sample_data import make_sample
 from data_pipeline.shards import DatasetMeta, read_dataset_meta
 from data_pipeline.tokenize import tokenize_files
@@ -25,14 +27,15 @@ def build(out_dir: str | Path, *, seq_len: int = SEQ_LEN, size_kb: int = 400) ->
     return tokenize_files(files, tokenizer, out_dir, seq_len)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m local_cluster.demo_data", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
     args = parser.parse_args(argv)
     meta = build(args.out_dir, seq_len=args.seq_len)
     print(f"{meta.path}: {meta.total_sequences} sequences of {meta.seq_len} tokens, vocab {meta.vocab_size}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

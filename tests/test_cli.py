@@ -1,0 +1,84 @@
+"""The command-line convention of docs/cli.md, for every entry point: a bad argument exits 2 with
+``error: <what> — <fix>`` as the last line on stderr, and no traceback."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = [sys.executable, "-m"]
+
+# (command, what the error line must say). Modules run from the repository root with jobs/ on the
+# path, as on the cluster (jobs/env.sh) and in the local cluster's jobs.
+ENTRY_POINTS = [
+    (PY + ["data_pipeline.upload", "sync", "raw", "s3://bucket/raw", "--wokers", "8"],
+     "unrecognized arguments: --wokers 8 — see python -m data_pipeline.upload --help"),
+    (PY + ["data_pipeline.upload", "verify", "bucket/raw"], "'bucket/raw' is not an S3 URL — write it as s3://"),
+    (PY + ["data_pipeline.validate", "/nonexistent"], "no dataset.json in /nonexistent — build the dataset"),
+    (PY + ["data_pipeline.validate", "--seq-len", "many", "x"], "argument --seq-len: invalid int value: 'many' — see"),
+    (PY + ["data_pipeline.isolation", "x", "--seq-len", "8", "--batch-size", "2", "--pin-memory=yes"],
+     "argument --pin-memory/--no-pin-memory: ignored explicit argument 'yes' — see python -m data_pipeline.isolation"),
+    (PY + ["data_pipeline.tokenize", "run", "--input-dir", "x"], "the following arguments are required: --out"),
+    (PY + ["data_pipeline.prepare", "--out", "x", "--input", "/nonexistent.txt"], "input /nonexistent.txt does not exist"),
+    (PY + ["data_pipeline.sample_data"], "the following arguments are required: out_dir — see python -m data_pipeline.sample_data"),
+    (PY + ["data_pipeline.megatron_export", "x"], "the following arguments are required: prefix — see"),
+    (PY + ["training.train", "train.stpes=5"], "unknown config key 'train.stpes'; remove it or fix the spelling"),
+    (PY + ["training.train", "--confg", "x.yaml"], "unrecognized arguments: --confg — see python -m training.train --help"),
+    (PY + ["training.backup", "/nonexistent", "s3://bucket/x"], "/nonexistent/latest does not exist — check the folder"),
+    (PY + ["training.plot", "/nonexistent/metrics.jsonl", "--out", "x.png"], "— pass the metrics.jsonl of a run"),
+    (PY + ["cluster_checks.fsx_perf", "/fsx", "--out", "x", "--tool", "dd"], "argument --tool: invalid choice: 'dd'"),
+    (PY + ["cluster_checks.nccl_tests", "/nonexistent_perf.log", "--out-dir", "x"], "— pass the *_perf.log files"),
+    (PY + ["cluster_checks.collectives", "--out-dir", "x", "--backend", "mpi"], "argument --backend: invalid choice"),
+    (PY + ["cluster_checks.input_diagnosis", "--out", "x", "--steps", "1"], "--workers must be >= 0, --batches >= 1, --steps >= 2 — see"),
+    (PY + ["local_cluster.client", "wait"], "the following arguments are required: job — see python -m local_cluster.client wait"),
+    (PY + ["local_cluster.training_demo", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (PY + ["local_cluster.demo_data"], "the following arguments are required: out_dir — see python -m local_cluster.demo_data"),
+    (PY + ["benchmarks.training", "--saves"], "argument --saves: expected one argument — see python -m benchmarks.training"),
+    (PY + ["benchmarks.data_pipeline", "--size-mb", "big"], "argument --size-mb: invalid float value: 'big' — see"),
+    (PY + ["cluster_config", "plan", "--env", "nope"], "no environment 'nope'"),
+    (PY + ["cluster_config", "render"], "the following arguments are required: --env — see python -m cluster_config render"),
+    ([sys.executable, "app.py"], "no environment chosen: pass -c env=NAME"),
+    (["local_cluster/cluster.sh", "restart"], "unknown command 'restart' — usage:"),
+    (["bash", "jobs/train.sh"], "no model given — usage: train.sh MODEL"),
+]
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+           "CDK_CONTEXT_JSON": json.dumps({})}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_every_entry_point_exits_2_with_one_error_line_on_a_bad_argument():
+    with ThreadPoolExecutor(4) as pool:  # each start imports torch or jsii: a few seconds apiece
+        results = list(pool.map(run, [command for command, _ in ENTRY_POINTS]))
+    wrong = []
+    for (command, expected), result in zip(ENTRY_POINTS, results):
+        last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+        if result.returncode != 2 or not last.startswith("error: ") or expected not in last or "Traceback" in result.stderr:
+            wrong.append(f"{' '.join(command[-4:])}: exit {result.returncode}, last stderr line {last!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_progress_in_a_log_is_a_percent_rate_and_eta_line():
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    from cli.progress import Progress
+
+    lines: list[str] = []
+    progress = Progress(1000, "upload", every=0, write=lines.append, tty=False)  # every=0: a line per update
+    with Pool(4) as pool:  # the upload and hashing pools update from their threads
+        list(pool.map(progress.update, [100] * 10))
+    progress.close()
+    assert progress.done == 1000 and len(lines) == 11
+    assert re.fullmatch(r"upload: 10\.0% \(100\.0 B of 1\.0 kB\), [\d.]+ [kMGT]?B/s, eta \d+:\d\d:\d\d", lines[0])
+    assert lines[-1].startswith("upload: 100.0% (1.0 kB of 1.0 kB), ") and lines[-1].endswith("eta 0:00:00")
