@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import aws_cdk as cdk
-from aws_cdk import aws_fsx as fsx, aws_s3 as s3
+from aws_cdk import aws_fsx as fsx, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
 from cluster_config.settings import FileSystemSettings, Settings
@@ -18,6 +18,12 @@ ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
 # so a week: time to notice an accidental delete on FSx without paying for a month of prunes.
 BACKUP_NONCURRENT_DAYS = 90
 CHECKPOINT_NONCURRENT_DAYS = 7
+# What a cluster node may never do to a bucket holding user data. ParallelCluster grants a queue's
+# writable buckets as s3:* (S3Access, EnableWriteAccess), which would let a job delete old versions
+# or turn versioning off; its roles all live under this IAM path.
+IRREVERSIBLE_ACTIONS = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "s3:PutBucketVersioning",
+                        "s3:PutLifecycleConfiguration", "s3:PutBucketPolicy", "s3:DeleteBucketPolicy"]
+PCLUSTER_ROLE_PATH = "/parallelcluster/"
 
 
 class StorageStack(cdk.Stack):
@@ -68,6 +74,8 @@ class StorageStack(cdk.Stack):
             versioned=True,
             extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(BACKUP_NONCURRENT_DAYS))],
         )
+        for bucket in (self.data_bucket, self.checkpoint_bucket, self.backup_bucket):
+            self._keep_versions_from_cluster_nodes(bucket)
         # Scripts and configs, re-uploaded by every deploy: nothing to keep.
         self.assets_bucket = self._bucket(
             "AssetsBucket", removal_policy=cdk.RemovalPolicy.DESTROY, auto_delete_objects=True
@@ -132,6 +140,20 @@ class StorageStack(cdk.Stack):
             lifecycle_rules=[s3.LifecycleRule(abort_incomplete_multipart_upload_after=cdk.Duration.days(7)), *extra_rules],
             removal_policy=removal_policy,
             **kwargs,
+        )
+
+    def _keep_versions_from_cluster_nodes(self, bucket: s3.Bucket) -> None:
+        """Deny the cluster's roles every action that loses data for good: with versioning, a
+        delete from a node only hides the current version. Administrators are not affected."""
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="ClusterNodesKeepVersions",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=IRREVERSIBLE_ACTIONS,
+                resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+                conditions={"ArnLike": {"aws:PrincipalArn": f"arn:{self.partition}:iam::{self.account}:role{PCLUSTER_ROLE_PATH}*"}},
+            )
         )
 
     def _file_system(

@@ -9,11 +9,11 @@ object metadata ``sha256`` at upload), uploads the rest in parallel (multipart a
 ``--part-mb``), and writes ``s3://bucket/prefix/manifest.json`` ({path: {size, sha256}}) last, so
 a manifest means a complete upload; an interrupted sync resumes by running it again.
 verify checks every manifest entry against the objects (presence, size, stored SHA-256; with
-``--deep`` it downloads and re-hashes) and exits 1 naming each bad file. Both show progress
-(a bar on a terminal, a percent/rate/ETA line every 30 s in logs). Exit codes: docs/cli.md.
+``--deep`` it downloads and re-hashes) and exits 1 naming each bad file.
 restore copies every manifest entry back into LOCAL_DIR and checks its SHA-256 (files already there
 with the right size and SHA-256 are kept): for a folder no FSx link lazy-loads, e.g. a local NVMe
-cache or a file system without a data repository association.
+cache or a file system without a data repository association. All three show progress
+(a bar on a terminal, a percent/rate/ETA line every 30 s in logs). Exit codes: docs/cli.md.
 
 Credentials come from the usual AWS chain (instance role on the cluster); ``--endpoint-url`` or
 ``AWS_ENDPOINT_URL`` points at another S3 API (tests use a local one).
@@ -175,25 +175,34 @@ def restore(url: str, local_dir, *, endpoint_url=None, workers: int = 8) -> dict
     manifest = _read_manifest(s3, bucket, prefix, url)
     local_dir = Path(local_dir)
 
-    def one(item) -> bool:
+    def one(item) -> tuple[bool, str | None]:
+        try:
+            return _one(item)
+        finally:
+            progress.update(item[1]["size"])
+
+    def _one(item) -> tuple[bool, str | None]:
+        """(downloaded, problem)"""
         rel, want = item
         path = local_dir / rel
         if path.is_file() and path.stat().st_size == want["size"] and sha256_file(path) == want["sha256"]:
-            return False
+            return False, None
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
         s3.download_file(bucket, _key(prefix, rel), str(tmp))
         got = sha256_file(tmp)
         if got != want["sha256"]:
             tmp.unlink()
-            raise UploadError(f"{rel}: downloaded SHA-256 {got}, manifest says {want['sha256']}")
+            return True, f"{rel}: downloaded SHA-256 {got}, manifest says {want['sha256']}"
         tmp.replace(path)  # only complete, checked files get their real name
-        return True
+        return True, None
 
-    with ThreadPoolExecutor(workers) as pool:
-        fetched = list(pool.map(one, sorted(manifest.items())))
-    return {"url": url, "dir": str(local_dir), "files": len(fetched), "downloaded": sum(fetched),
-            "skipped": len(fetched) - sum(fetched)}
+    total = sum(entry["size"] for entry in manifest.values())
+    with Progress(total, f"restore {url} -> {local_dir}") as progress, ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, sorted(manifest.items())))
+    downloaded = sum(fetched for fetched, _ in results)
+    return {"url": url, "dir": str(local_dir), "files": len(results), "downloaded": downloaded,
+            "skipped": len(results) - downloaded, "problems": [p for _, p in results if p]}
 
 
 def _read_manifest(s3, bucket: str, prefix: str, url: str) -> dict:
@@ -238,8 +247,12 @@ def main(argv=None) -> int:
                                   workers=a.workers, part_mb=a.part_mb)))
             return 0
         if a.cmd == "restore":
-            print(json.dumps(restore(a.url, a.local_dir, endpoint_url=a.endpoint_url, workers=a.workers)))
-            return 0
+            result = restore(a.url, a.local_dir, endpoint_url=a.endpoint_url, workers=a.workers)
+            for problem in result.pop("problems"):
+                print(f"problem: {problem}", file=sys.stderr)
+                result["bad"] = result.get("bad", 0) + 1
+            print(json.dumps(result))
+            return 1 if result.get("bad") else 0
         problems = verify(a.url, endpoint_url=a.endpoint_url, deep=a.deep, workers=a.workers)
         for problem in problems:
             print(f"problem: {problem}", file=sys.stderr)

@@ -18,7 +18,7 @@ import base64
 import hashlib
 import logging
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import boto3
@@ -62,25 +62,23 @@ def backup(checkpoint_dir: str | Path, s3_uri: str, *, client=None, workers: int
         key, size, expected = keys[path], path.stat().st_size, _s3_sha256(path)
         found = head(key)
         if found and _matches(found, size, expected):
+            progress.update(size)
             return False, None
         client.upload_file(str(path), bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=TRANSFER)
         found = head(key) or {}
+        progress.update(size)
         if not _matches(found, size, expected):
             reported = found.get("ChecksumSHA256") or "none"
             return True, f"{key}: S3 has {found.get('ContentLength')} bytes, SHA-256 {reported}; local {size} bytes, {expected}"
         return True, None
 
-    total_bytes = sum(f.stat().st_size for f in files)
-    log.info("backing up %d files (%.2f GiB) from %s to s3://%s/%s%s/", len(files), total_bytes / 2**30,
-             step_dir, bucket, prefix, step_dir.name)
-    problems, uploaded = [], 0
-    with Progress(total_bytes, f"backup {step_dir.name}", write=log.info) as progress, ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(upload_and_verify, f): f for f in files}
-        for future in as_completed(futures):
-            sent, problem = future.result()
-            uploaded += sent
-            progress.update(futures[future].stat().st_size)
-            problems += [problem] if problem else []
+    total = sum(f.stat().st_size for f in files)
+    log.info("backing up %d files (%.2f GiB) from %s to s3://%s/%s%s/", len(files), total / 2**30, step_dir,
+             bucket, prefix, step_dir.name)
+    with Progress(total, f"backup {step_dir.name}", write=log.info) as progress, ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(upload_and_verify, files))
+    uploaded = sum(sent for sent, _ in results)
+    problems = [problem for _, problem in results if problem]
     if problems:
         raise VerificationFailed("backup verification failed, latest pointer not written:\n  " + "\n  ".join(sorted(problems)))
     client.put_object(Bucket=bucket, Key=f"{prefix}latest", Body=f"{step_dir.name}\n".encode(), ChecksumAlgorithm="SHA256")
@@ -99,16 +97,18 @@ def _latest_complete(root: Path) -> Path:
     try:
         step_dir = root / (root / "latest").read_text().strip()
     except OSError:
-        raise BackupError(f"no checkpoint to back up: {root}/latest does not exist") from None
+        raise BackupError(f"no checkpoint to back up: {root}/latest does not exist — "
+                          "check the folder, or train until a checkpoint is saved") from None
     missing = [name for name in (".metadata", "train_meta.json") if not (step_dir / name).is_file()]
     if missing:
-        raise BackupError(f"{step_dir} is not a complete checkpoint (missing {', '.join(missing)})")
+        raise BackupError(f"{step_dir} is not a complete checkpoint (missing {', '.join(missing)}) — "
+                          "point latest at a complete one")
     return step_dir
 
 
 def _parse(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://") or len(uri) <= 5:
-        raise BackupError(f"{uri!r} is not an S3 URI; expected s3://bucket/prefix")
+        raise BackupError(f"{uri!r} is not an S3 URI — write it as s3://bucket/prefix")
     bucket, _, prefix = uri[5:].partition("/")
     return bucket, (prefix.strip("/") + "/") if prefix.strip("/") else ""
 
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("s3_uri", help="s3://bucket/prefix to copy the checkpoint to")
     parser.add_argument("--workers", type=int, default=8, help="files transferred at once (default 8)")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: needs at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         backup(args.checkpoint_dir, args.s3_uri, workers=args.workers)

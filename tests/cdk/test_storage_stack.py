@@ -114,6 +114,19 @@ def test_every_data_bearing_bucket_is_versioned_retained_and_never_expires_curre
         assert rule.get("NoncurrentVersionExpiration", {"NoncurrentDays": 7})["NoncurrentDays"] >= 7, rule
 
 
+@pytest.mark.parametrize("name", ["data_bucket", "checkpoint_bucket", "backup_bucket"])
+def test_cluster_nodes_cannot_destroy_versions_or_switch_versioning_off(each_env, name):
+    storage = each_env.stacks["storage"]
+    logical_id = storage.get_logical_id(getattr(storage, name).node.default_child)
+    (policy,) = [p for p in by_type(each_env, "storage", "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"] == {"Ref": logical_id}]
+    (statement,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid") == "ClusterNodesKeepVersions"]
+    assert statement["Effect"] == "Deny" and statement["Principal"] == {"AWS": "*"}
+    assert {"s3:DeleteObjectVersion", "s3:PutBucketVersioning", "s3:PutLifecycleConfiguration", "s3:PutBucketPolicy"} <= set(statement["Action"])
+    # Only ParallelCluster's roles (path /parallelcluster/<cluster>/), never the deploying administrator.
+    arn = statement["Condition"]["ArnLike"]["aws:PrincipalArn"]
+    assert arn == f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*"
+
+
 def link_targets(app) -> list:
     """Every S3 location an FSx link of the storage stack reaches: association paths and, for file
     systems linked without associations, their import and export paths."""

@@ -130,7 +130,8 @@ def test_restore_downloads_checked_files_keeps_good_ones_and_refuses_bad_bytes(s
     # S3 holds other bytes than the manifest recorded: the file is refused, nothing half-written stays.
     s3.put_object(Bucket=BUCKET, Key="r/a.txt", Body=b"tampered")
     elsewhere = tmp_path / "elsewhere"
-    rc, _, err = upload(s3_env, "restore", url, elsewhere)
-    assert rc == 2 and "a.txt: downloaded SHA-256" in err and "manifest says" in err
+    rc, out, err = upload(s3_env, "restore", url, elsewhere)
+    assert rc == 1 and "problem: a.txt: downloaded SHA-256" in err and "manifest says" in err
+    assert (elsewhere / "sub/b.bin").read_bytes() == (data_dir / "sub/b.bin").read_bytes()
     assert not (elsewhere / "a.txt").exists()
     assert [p.name for p in elsewhere.rglob("*") if p.is_file() and p.name.endswith(".part")] == []

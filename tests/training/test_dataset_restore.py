@@ -36,7 +36,7 @@ def test_synced_dataset_restored_from_s3_trains_on_the_same_samples(tmp_path, ti
         shutil.rmtree(fsx_data)  # the file system is gone (cdk destroy, a failed file system)
         restored = restore(url, dataset, endpoint_url=endpoint)
 
-    assert restored["downloaded"] == len(checksums)
+    assert (restored["downloaded"], restored["problems"]) == (len(checksums), [])
     assert {p.relative_to(dataset).as_posix(): sha256_file(p) for p in dataset.rglob("*") if p.is_file()} == checksums
     run = Run(tmp_path / "after-restore")
     assert run.run(dataset, *SHORT) == 0, run.output[-4000:]

@@ -41,8 +41,8 @@ class Job:
         self.id = ""
 
     def submit(self, **extra_env: str) -> "Job":
-        env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
-               "OMP_NUM_THREADS": "1", **extra_env}
+        self.env = env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
+                          "OMP_NUM_THREADS": "1", **extra_env}
         self.id = self.cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=OPTIONS)
         SUBMITTED.append(self.id)
         return self
@@ -198,6 +198,14 @@ def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(
     assert step_keys == {f"runs/model1/step_00000040/{f.name}" for f in local.iterdir()}
     # Metrics and the training job's logs are kept beside the checkpoint, with a manifest.
     assert {"runs/model1/latest", "runs/model1/logs/manifest.json", "runs/model1/logs/metrics.jsonl"} <= keys
+
+    # Submitted again by hand (as after an interruption): it checks everything and sends nothing.
+    rerun = slurm_cluster.sbatch("jobs/backup.sh", "model1", env=uninterrupted.env,
+                                 options=[f"--output=/fsx/{uninterrupted.root}/logs/backups/rerun_%j.out"])
+    SUBMITTED.append(rerun)
+    rerun_log = uninterrupted.host_root / f"logs/backups/rerun_{rerun}.out"
+    assert slurm_cluster.wait(rerun, timeout=300) == ("COMPLETED", 0), rerun_log.read_text()[-3000:]
+    assert f"backed up and verified {n} files (0 uploaded, {n} already in S3)" in rerun_log.read_text()
 
 
 def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterrupted):
