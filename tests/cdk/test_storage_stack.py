@@ -95,14 +95,7 @@ def test_backup_bucket_is_versioned_and_keeps_old_versions_90_days(each_env):
     assert {"NoncurrentVersionExpiration": {"NoncurrentDays": 90}, "Status": "Enabled"} in backups["LifecycleConfiguration"]["Rules"]
 
 
-def _data_bucket_versioning_pending(name):
-    # Versioning of the data bucket belongs to the deployment-checks change; once it is in, this
-    # strict xfail fails and the marker must go.
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="data bucket versioning not in yet")) \
-        if name == "data_bucket" else name
-
-
-@pytest.mark.parametrize("name", [_data_bucket_versioning_pending(n) for n in ("data_bucket", "checkpoint_bucket", "backup_bucket")])
+@pytest.mark.parametrize("name", ["data_bucket", "checkpoint_bucket", "backup_bucket"])
 def test_every_data_bearing_bucket_is_versioned_retained_and_never_expires_current_data(each_env, name):
     bucket = resource(each_env, "storage", getattr(each_env.stacks["storage"], name))
     props = bucket["Properties"]
