@@ -197,8 +197,11 @@ def test_update_check_accepts_a_new_model_before_deploy(pcluster_venv, tmp_path,
     deployed = _deployed_from(tmp_path, models=raw_models)  # before model7 was added
     assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 0
     out = capsys.readouterr().out
-    assert "prod: the running cluster accepts this update (1 change(s))" in out
-    assert "['HeadNode', 'CustomActions', 'OnNodeUpdated']/Args" in out
+    # A 70B model joins: the model list (OnNodeUpdated) changes, and so does KillWait, which is sized
+    # for a save of the largest planned model. A running cluster accepts both.
+    assert "prod: the running cluster accepts this update (2 change(s))" in out
+    assert "SUCCEEDED ['HeadNode', 'CustomActions', 'OnNodeUpdated']/Args" in out
+    assert "{'KillWait': 360}" in out
 
 
 def test_update_check_refuses_an_instance_type_change_with_the_fix(pcluster_venv, tmp_path, capsys):
