@@ -21,6 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
+SITE = Path(next(p for p in sys.path if p.endswith("site-packages")))  # this venv's packages
 JOBS_ONLY = ("torch", "transformers", "megatron", "webdataset", "pytest")  # must not reach the CDK venv
 
 
@@ -50,22 +51,31 @@ def closure(requirements: Path) -> set[str]:
     return seen
 
 
-def cdk_only_venv(dest: Path, python: str) -> Path:
-    """A venv of ``python`` holding exactly the closure of requirements.txt, linked from the test's own venv."""
+def place(src: Path, dst: Path, *, link: bool) -> None:
+    """A symbolic link to ``src``, or a copy where the test user cannot read ``src`` (a checkout in /root)."""
+    if link:
+        dst.symlink_to(src)
+    elif src.is_dir():
+        shutil.copytree(src, dst, symlinks=True)
+    else:
+        shutil.copy2(src, dst)
+
+
+def cdk_only_venv(dest: Path, python: str, *, link: bool) -> Path:
+    """A venv of ``python`` holding exactly the closure of requirements.txt, taken from the test's own venv."""
     subprocess.run([python, "-m", "venv", "--without-pip", str(dest)], check=True)
-    site = Path(next(p for p in sys.path if p.endswith("site-packages")))
     target = next(dest.glob("lib/python*/site-packages"))
     for name in closure(ROOT / "requirements.txt"):
         for file in md.distribution(name).files or ():
             parts = Path(file).parts
             if parts[0] == "..":  # a console script (cfn-lint, shellcheck): point it at the new venv
-                script = (site / file).resolve()
+                script = (SITE / file).resolve()
                 if script.parent.name == "bin" and script.is_file():
                     body = script.read_bytes().split(b"\n", 1)[1]  # after the shebang naming our venv
                     (dest / "bin" / script.name).write_bytes(f"#!{dest}/bin/python\n".encode() + body)
                     (dest / "bin" / script.name).chmod(0o755)
             elif not (target / parts[0]).exists():
-                (target / parts[0]).symlink_to(site / parts[0])
+                place(SITE / parts[0], target / parts[0], link=link)
     return dest
 
 
@@ -110,15 +120,17 @@ def test_make_synth_works_without_root_and_with_only_the_cdk_packages():
         repo.mkdir()
         home.mkdir()
         copy_checkout(repo)
-        venv = cdk_only_venv(repo / ".venv", python)
+        if user:  # the checkout and home are the user's; the installed packages stay root's, read only
+            subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", repo, home], check=True)
+        readable = all(subprocess.run([*as_user, "test", "-r", str(path)]).returncode == 0
+                       for path in (SITE / "aws_cdk/__init__.py", ROOT / "node_modules/.bin/cdk"))
+        venv = cdk_only_venv(repo / ".venv", python, link=readable)
         for name in JOBS_ONLY:
             assert subprocess.run([venv / "bin/python", "-c", f"import {name}"], capture_output=True).returncode != 0
-        (repo / "node_modules").symlink_to(ROOT / "node_modules")  # the pinned CLI, read only
+        place(ROOT / "node_modules", repo / "node_modules", link=readable)  # the pinned CLI
         for stamp_input in ("requirements.txt", "package.json", "package-lock.json"):
             os.utime(repo / stamp_input, (0, 0))  # installed before the stamps: make installs nothing
         (venv / ".cdk-installed").touch()
-        if user:
-            subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", repo, home], check=True)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
         result = subprocess.run([*as_user, "make", "synth"], cwd=repo, env=env, capture_output=True, text=True,
                                 timeout=900)
