@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from . import distributed
 from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
 from .config import Config, ConfigError, config_keys, load_config
+from .evaluate import Evaluator
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
 from .optim import build_optimizer, lr_at, set_lr
@@ -77,6 +78,7 @@ class Trainer:
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity)
         self.step = self._resume()
+        self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
         self.metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
                                world_size=d.world_size, device=d.device,
                                tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
@@ -100,6 +102,9 @@ class Trainer:
                     grad_norm = grad_norm.full_tensor()
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item())
+            if self.evaluator and self.evaluator.due(self.step):
+                result = self.evaluator.evaluate(self.model)
+                metrics.emit_eval(self.step, result, result["eval_s"])
             if self.step % cfg.checkpoint.every == 0 or last:
                 metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last))
 
