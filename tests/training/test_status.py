@@ -21,7 +21,7 @@ def resumed(tiny_data, tmp_path_factory) -> Run:
     assert run.run(tiny_data, *RUN, "train.steps=8") == 0, run.output[-3000:]
     assert run.run(tiny_data, *RUN, "train.steps=12") == 0, run.output[-3000:]
     # Where the Slurm job's output goes (jobs/train_model1.sh): the run's own log, config line included.
-    (run.logs / "model1_1001.out").write_text(run.output)
+    (run.logs / "model1_1001.err").write_text(run.output)
     return run
 
 
