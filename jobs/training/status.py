@@ -145,14 +145,17 @@ def checkpoint_state(status: ModelStatus, directory: Path, now: float) -> None:
         pass
 
 
-def backup_state(logs: Path, model: str, run_status: str) -> str:
+def backup_state(logs: Path, model: str, run_status: str, latest: str = "-") -> str:
+    """``verified`` when the newest backup log line names the latest checkpoint; an older one is named."""
     candidates = sorted([*logs.glob(f"backups/backup-{model}_*.out"), *(logs / model).glob(f"{model}_*.out"),
                          *(logs / model).glob(f"{model}_*.err")], key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         for line in reversed(path.read_text(errors="replace").splitlines()):
             if BACKUP_DONE in line:
                 step = re.search(r"step_\d{8}", line)
-                return f"verified {step.group(0)}" if step else "verified"
+                if step and step.group(0) != latest:
+                    return f"older: {step.group(0)}"
+                return "verified"
             if "training.backup" in line and "ERROR" in line or "BackupError" in line:
                 return "FAILED"
     return "not yet" if run_status == "complete" else "-"
@@ -189,7 +192,7 @@ def collect(models: list[str], logs: Path, checkpoints: Path, price_per_gpu_hour
         summarize_metrics(status, read_metrics(logs / name / "metrics.jsonl"))
         status.total_steps = total_steps(logs / name, name)
         checkpoint_state(status, checkpoints / name, now)
-        status.backup = backup_state(logs, name, status.run_status)
+        status.backup = backup_state(logs, name, status.run_status, status.checkpoint)
         if price_per_gpu_hour is not None:
             status.dollars = status.device_hours * price_per_gpu_hour
         result.append(status)
