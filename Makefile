@@ -37,7 +37,7 @@ synth: deps  ## synthesize every environment offline and lint the templates
 validate: deps  ## render every environment's ParallelCluster config and check it against ParallelCluster's schema
 	$(PY) -m cluster_config validate --all
 
-plan: deps  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput
+plan: deps  ## print the multi-model plan of ENV (default dev): tokens, days, cost, GPU memory, checkpoints
 	$(PY) -m cluster_config plan --env $(ENV)
 
 lint: deps  ## shellcheck every shell script
