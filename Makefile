@@ -55,7 +55,7 @@ synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every envir
 validate: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed  ## every environment: ParallelCluster's schema, then deployed into an emulated account: its validators, update checks, checkov
 	$(PY) -m cluster_config validate --all
 
-plan: $(VENV)/.cdk-installed  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput
+plan: $(VENV)/.cdk-installed  ## print the multi-model plan of ENV (default dev): tokens, days, cost, GPU memory, checkpoints
 	$(PY) -m cluster_config plan --env $(ENV)
 
 lint: $(VENV)/.cdk-installed  ## shellcheck every shell script

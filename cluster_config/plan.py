@@ -232,9 +232,12 @@ def _size_model(base: dict, path: Path, settings: Settings, gpu: Gpu | None, usa
     seq_len = int(cfg["data"].get("seq_len", 256))
     vocab = int(cfg["model"].get("vocab_size") or settings.plan.vocab_size)
     steps, batch, micro = int(train["steps"]), int(train["global_batch_size"]), int(train["micro_batch_size"])
-    if batch % (micro * gpus):
-        warnings.append(f"{name}: train.global_batch_size {batch} is not a multiple of micro-batch x GPUs = "
-                        f"{micro} x {gpus}; the job will refuse to start: use a multiple of {micro * gpus} in {where}")
+    tensor_parallel = int(train.get("tensor_parallel", 1))
+    replicas = max(gpus // tensor_parallel, 1)  # data-parallel ranks: each takes micro-batches of its own
+    if batch % (micro * replicas):
+        warnings.append(f"{name}: train.global_batch_size {batch} is not a multiple of micro-batch x data-parallel "
+                        f"ranks = {micro} x {replicas}; the job will refuse to start: use a multiple of "
+                        f"{micro * replicas} in {where}")
     tokens = steps * batch * seq_len
     flops = tokens * preset.flops_per_token(vocab, seq_len)
     row = dict(base, config=str(where), parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
@@ -246,6 +249,13 @@ def _size_model(base: dict, path: Path, settings: Settings, gpu: Gpu | None, usa
     row["days"] = flops / cluster_flops_s / 86400
     row["step_s"] = flops / steps / cluster_flops_s
     row["checkpoint_every_h"] = row["step_s"] * int(ckpt["every"]) / 3600
+    modelled = (train["parallelism"] in ("fsdp", "ddp") and tensor_parallel == 1
+                and train.get("grad_reduce", "every_micro_batch") == "every_micro_batch")
+    if not modelled:
+        warnings.append(f"{name}: the analytic memory model covers FSDP2 or DDP without tensor parallelism, gradients "
+                        f"reduced every micro-batch; for the layout in {where} run `python -m training.dry_run "
+                        f"{name} --env {settings.name}`")
+        return ModelRow(**row), errors, warnings
     run = RunShape(preset, vocab, seq_len, micro, gpus, train["parallelism"], bool(train["activation_checkpointing"]))
     row["memory"] = memory(run).gib()
     need = row["memory"]["total"]

@@ -16,15 +16,17 @@ from data_pipeline.shards import DatasetMeta, read_dataset_meta
 from data_pipeline.tokenize import tokenize_files
 
 SEQ_LEN = 128
+VAL_FRACTION = 0.05  # held out in <out_dir>/val for the validation loss (eval.every)
 
 
 def build(out_dir: str | Path, *, seq_len: int = SEQ_LEN, size_kb: int = 400) -> DatasetMeta:
-    """Shards in ``out_dir`` (corpus and tokenizer beside it in ``<out_dir>.src``); reused if present."""
+    """Shards in ``out_dir``, the held-out split in ``out_dir/val`` (corpus and tokenizer beside it in
+    ``<out_dir>.src``); reused if present."""
     out_dir = Path(out_dir)
-    if (out_dir / "dataset.json").is_file():
+    if (out_dir / "dataset.json").is_file() and (out_dir / "val/dataset.json").is_file():
         return read_dataset_meta(out_dir)
     files, tokenizer = make_sample(out_dir.with_name(out_dir.name + ".src"), num_files=2, total_bytes=size_kb * 1000)
-    return tokenize_files(files, tokenizer, out_dir, seq_len)
+    return tokenize_files(files, tokenizer, out_dir, seq_len, val_fraction=VAL_FRACTION)
 
 
 def main(argv: list[str] | None = None) -> int:

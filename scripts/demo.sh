@@ -32,6 +32,9 @@ DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
 
 step "5/6 Training: sbatch jobs/train_model1.sh on 2 nodes (tiny preset), interrupt, requeue, resume"
 python -m local_cluster.training_demo --fsx "$FSX_HOST"
+# One view of every model of the environment: Slurm state, losses, checkpoint, backup, cost so far.
+python -m training.status --env dev --logs "$FSX_HOST/logs" --checkpoints "$FSX_HOST/checkpoints" \
+  --png "$FSX_HOST/logs/status.png"
 
 step "6/6 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
 # Small sizes for a laptop-sized machine (the real defaults are sized for Lustre), compared with
@@ -55,7 +58,7 @@ step "Done"
 cat <<EOF
 templates:          cdk.out/<env>/
 cluster configs:    python -m cluster_config render --env <env>
-job logs and plots: $FSX_HOST/logs/  (validation/, model1/loss.png)
+job logs and plots: $FSX_HOST/logs/  (validation/, model1/loss.png, status.png)
 shards:             $FSX_HOST/data/demo/tokenized
 checkpoints:        $FSX_HOST/checkpoints/model1
 the local cluster is still up: sinfo, squeue; make cluster-down to stop it

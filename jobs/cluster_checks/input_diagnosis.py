@@ -80,7 +80,8 @@ def diagnosis_config(config: str | None, overrides: list[str], steps: int, scrat
                     f"log.tensorboard_dir={scratch / 'log' / 'tb'}"]
     warmup = load_config(config, [*overrides, *scratch_dirs]).optim.warmup_steps  # the user's, validated
     cfg = load_config(config, [*overrides, *scratch_dirs, f"train.steps={2 * half}", f"log.interval={half}",
-                               f"checkpoint.every={2 * half}", f"optim.warmup_steps={min(warmup, 2 * half - 1)}"])
+                               f"checkpoint.every={2 * half}", f"optim.warmup_steps={min(warmup, 2 * half - 1)}",
+                               "eval.every=0"])  # the loader's speed only: no validation passes in between
     return cfg
 
 

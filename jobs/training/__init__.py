@@ -3,7 +3,12 @@
 Modules:
   train       the entry point and the training loop (``python -m training.train``)
   config      the typed config: YAML file + ``section.key=value`` overrides
-  models      named model presets (tiny ... 310B, Llama-2 7B/13B/70B) and FLOP counts
+  models      the Llama model built from a preset, weight initialization, FLOP counts
+  presets     named model shapes (tiny ... 310B, Llama-2 7B/13B/70B), parameters and FLOPs; torch-free
+  sizing      analytic per-GPU memory and checkpoint size (the cluster plan uses it); torch-free
+  evaluate    validation loss on the held-out split every ``eval.every`` steps
+  status      ``python -m training.status``: every model's job, progress, losses, checkpoint, cost
+  export_hf   ``python -m training.export_hf``: a checkpoint to Hugging Face format
   distributed process groups, FSDP2/DDP wrapping, rank agreement
   optim       AdamW and the cosine learning-rate schedule
   checkpoint  asynchronous DCP checkpoints, ``latest`` pointer, fallback on a bad checkpoint

@@ -87,6 +87,12 @@ class CheckpointConfig(_Section):
     async_save: bool = Field(True, description="write in a background thread; training waits only for the copy to CPU")
 
 
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0, description="steps between validation-loss evaluations (training/evaluate.py); 0: none")
+    batches: int = Field(0, ge=0, description="micro-batches per rank per evaluation; 0: the rank's whole share")
+    path: str = Field("", description="held-out token shards; default: <data.path>/val (tokenize --val-fraction)")
+
+
 class LogConfig(_Section):
     dir: str = Field("", description="default: $FSX_LOGS/<name>")
     tensorboard_dir: str = Field("", description="default: <log.dir>/tensorboard")
@@ -101,6 +107,7 @@ class Config(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
@@ -204,6 +211,7 @@ def _resolve_paths(c: Config) -> Config:
         return expanded
 
     c.data.path = expand(c.data.path, "data.path")
+    c.eval.path = expand(c.eval.path or f"{c.data.path}/val", "eval.path")
     c.checkpoint.dir = expand(c.checkpoint.dir or f"${{FSX_CHECKPOINTS}}/{c.name}", "checkpoint.dir")
     c.log.dir = expand(c.log.dir or f"${{FSX_LOGS}}/{c.name}", "log.dir")
     c.log.tensorboard_dir = expand(c.log.tensorboard_dir or f"{c.log.dir}/tensorboard", "log.tensorboard_dir")

@@ -116,6 +116,19 @@ class Metrics:
                 self._wandb.log(record, step=step)
         return record
 
+    def emit_eval(self, step: int, record: dict, seconds: float) -> None:
+        """A validation result (training/evaluate.py) to the log, metrics.jsonl and TensorBoard (``val/``).
+        The ``seconds`` it took are left out of the training interval's tokens/s."""
+        self.interval_start += seconds
+        if self.is_main:
+            log.info("step %d %s", step, " ".join(f"{k}={_fmt(v)}" for k, v in record.items()))
+            self._jsonl.write(json.dumps({"step": step, **record}) + "\n")
+            self._jsonl.flush()
+            for key, value in record.items():
+                self._tb.add_scalar(f"val/{key}", value, step)
+            if self._wandb:
+                self._wandb.log({f"val/{k}": v for k, v in record.items()}, step=step)
+
     def _progress(self, step: int) -> str:
         """``step 120/1000 (elapsed 0:02:10, eta 0:15:53)``: ETA from this run's mean step time so far."""
         elapsed = self.clock() - self.run_start

@@ -8,8 +8,10 @@ Reads only what the jobs leave behind, so it is safe to run at any time from the
 
 - Slurm (``squeue``, ``scontrol``): the model's job (named after the model), its state and restarts;
 - ``<logs>/<model>/metrics.jsonl``: step, loss, val_loss, tokens/s, MFU, step time; ``start``
-  events (each resume from a checkpoint is one recovery); device time per interval;
-- the newest ``<logs>/<model>/<model>_<job>.out``: the resolved config the run logged (total steps);
+  events (each resume from a checkpoint is one recovery, whether Slurm requeued the job or someone
+  resubmitted it); device time per interval;
+- the newest ``<logs>/<model>/<model>_<job>.err`` (or ``.out``): the resolved config the run logged
+  (total steps);
 - ``<checkpoints>/<model>/latest`` and ``STATUS``: the last complete checkpoint and its age;
 - the backup job's log (``<logs>/backups/backup-<model>_*.out``) or the training log: whether the
   final checkpoint was backed up and verified.
@@ -104,8 +106,9 @@ def summarize_metrics(status: ModelStatus, records: list[dict]) -> None:
 
 
 def logged_config(log_dir: Path, model: str) -> dict | None:
-    """The resolved config the newest run of ``model`` logged (the ``config {...}`` line)."""
-    outs = sorted(log_dir.glob(f"{model}_*.out"), key=lambda p: p.stat().st_mtime, reverse=True)
+    """The resolved config the newest run of ``model`` logged (the ``config {...}`` line, on stderr)."""
+    outs = sorted([*log_dir.glob(f"{model}_*.err"), *log_dir.glob(f"{model}_*.out")],
+                  key=lambda p: p.stat().st_mtime, reverse=True)
     for out in outs:
         for line in reversed(out.read_text(errors="replace").splitlines()):
             at = line.find(" config {")
@@ -142,14 +145,17 @@ def checkpoint_state(status: ModelStatus, directory: Path, now: float) -> None:
         pass
 
 
-def backup_state(logs: Path, model: str, run_status: str) -> str:
+def backup_state(logs: Path, model: str, run_status: str, latest: str = "-") -> str:
+    """``verified`` when the newest backup log line names the latest checkpoint; an older one is named."""
     candidates = sorted([*logs.glob(f"backups/backup-{model}_*.out"), *(logs / model).glob(f"{model}_*.out"),
                          *(logs / model).glob(f"{model}_*.err")], key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         for line in reversed(path.read_text(errors="replace").splitlines()):
             if BACKUP_DONE in line:
                 step = re.search(r"step_\d{8}", line)
-                return f"verified {step.group(0)}" if step else "verified"
+                if step and step.group(0) != latest:
+                    return f"older: {step.group(0)}"
+                return "verified"
             if "training.backup" in line and "ERROR" in line or "BackupError" in line:
                 return "FAILED"
     return "not yet" if run_status == "complete" else "-"
@@ -186,7 +192,7 @@ def collect(models: list[str], logs: Path, checkpoints: Path, price_per_gpu_hour
         summarize_metrics(status, read_metrics(logs / name / "metrics.jsonl"))
         status.total_steps = total_steps(logs / name, name)
         checkpoint_state(status, checkpoints / name, now)
-        status.backup = backup_state(logs, name, status.run_status)
+        status.backup = backup_state(logs, name, status.run_status, status.checkpoint)
         if price_per_gpu_hour is not None:
             status.dollars = status.device_hours * price_per_gpu_hour
         result.append(status)
@@ -217,7 +223,7 @@ def format_table(statuses: list[ModelStatus]) -> str:
             f"{s.name:<8} {job:<18} {f'{s.step}/{s.total_steps}':>13} {_num(s.loss, '.4f'):>7} "
             f"{_num(s.val_loss, '.4f'):>8} {_num(s.tokens_per_s, ',.0f'):>10} {_num(s.mfu_pct, '.1f'):>5} "
             f"{_duration(s.eta_s):>6} {s.checkpoint:<14} {_duration(s.checkpoint_age_s):>5} {s.backup:<20} "
-            f"{s.resumes + s.restarts:>5} {s.device_hours:>8,.1f} {_num(s.dollars, ',.0f'):>9}")
+            f"{max(s.resumes, s.restarts):>5} {s.device_hours:>8,.1f} {_num(s.dollars, ',.0f'):>9}")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from . import distributed
 from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint
 from .config import Config, ConfigError, config_keys, load_config
+from .evaluate import Evaluator
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
 from .optim import build_optimizer, lr_at, set_lr
@@ -89,6 +90,7 @@ class Trainer:
                                  d=d, identity=identity)
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
             self.step = self._resume()
+        self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
         self.metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
                                world_size=d.world_size, device=d.device,
                                tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
@@ -116,6 +118,10 @@ class Trainer:
                     grad_norm = grad_norm.full_tensor()
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item())
+            if self.evaluator and self.evaluator.due(self.step):
+                with self.watchdog.allow(cfg.train.init_timeout_s):  # an evaluation is no training step
+                    result = self.evaluator.evaluate(self.model)
+                metrics.emit_eval(self.step, result, result["eval_s"])
             due = self.step % cfg.checkpoint.every == 0 or last
             if cfg.checkpoint.every_minutes and not due:  # on any rank's clock, so all ranks save together
                 due = distributed.any_rank(time.monotonic() - last_save >= 60 * cfg.checkpoint.every_minutes, d)

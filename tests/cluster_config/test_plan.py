@@ -184,8 +184,17 @@ def test_a_late_model_is_flagged_with_steps_or_nodes_that_would_make_it(tmp_path
 def test_a_global_batch_that_does_not_divide_is_flagged(tmp_path):
     configs = configs_copy(tmp_path, "model1", global_batch_size=1000)
     plan = build_plan(load_settings("prod"), configs)
-    assert any("model1: train.global_batch_size 1000 is not a multiple of micro-batch x GPUs = 2 x 32" in w
-               for w in plan.warnings)
+    assert any("model1: train.global_batch_size 1000 is not a multiple of micro-batch x data-parallel ranks = "
+               "2 x 32" in w for w in plan.warnings)
+
+
+def test_a_layout_the_analytic_model_does_not_cover_points_to_the_dry_run(tmp_path):
+    configs = configs_copy(tmp_path, "model7", tensor_parallel=8)
+    plan = build_plan(load_settings("prod"), configs)
+    model7 = plan.rows[-1]
+    assert model7.memory == {} and model7.days > 0  # time and cost still planned
+    assert any(w.startswith("model7: the analytic memory model covers FSDP2 or DDP without tensor parallelism")
+               and "python -m training.dry_run model7 --env prod" in w for w in plan.warnings)
 
 
 def test_bad_plan_settings_are_refused(tmp_path, write_env):

@@ -21,7 +21,7 @@ def resumed(tiny_data, tmp_path_factory) -> Run:
     assert run.run(tiny_data, *RUN, "train.steps=8") == 0, run.output[-3000:]
     assert run.run(tiny_data, *RUN, "train.steps=12") == 0, run.output[-3000:]
     # Where the Slurm job's output goes (jobs/train_model1.sh): the run's own log, config line included.
-    (run.logs / "model1_1001.out").write_text(run.output)
+    (run.logs / "model1_1001.err").write_text(run.output)
     return run
 
 
@@ -35,6 +35,15 @@ def test_status_reports_progress_losses_checkpoint_and_recoveries(resumed):
     assert status.checkpoint == "step_00000012" and 0 <= status.checkpoint_age_s < 600
     assert status.run_status == "complete" and status.eta_s is None
     assert status.backup == "not yet"  # complete, no backup job has run
+    backups = resumed.root / "logs/backups"
+    backups.mkdir(exist_ok=True)
+    line = "INFO backed up and verified 3 files (3 uploaded, 0 already in S3): s3://b/model1/step_{:08d}/\n"
+    (backups / "backup-model1_7.out").write_text(line.format(8))
+    assert collect(["model1"], resumed.root / "logs", resumed.root / "checkpoints")[0].backup == "older: step_00000008"
+    (backups / "backup-model1_8.out").write_text(line.format(12))
+    assert collect(["model1"], resumed.root / "logs", resumed.root / "checkpoints")[0].backup == "verified"
+    for path in backups.iterdir():
+        path.unlink()
     assert status.device_hours > 0 and status.dollars == pytest.approx(2.0 * status.device_hours)
     table = format_table([status])
     assert "12/12" in table and "step_00000012" in table
