@@ -16,7 +16,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -75,16 +78,60 @@ def mean_over_ranks(value: float, d: Dist) -> float:
     return t.item() / d.world_size
 
 
-def parallelize(model: nn.Module, mode: str, d: Dist) -> nn.Module:
-    """FSDP2 (each decoder layer, then the root) or DDP. Call on the meta-device model for FSDP."""
+def parallelize(model: nn.Module, mode: str, d: Dist, mixed_precision: bool | None = None,
+                mesh: DeviceMesh | None = None) -> nn.Module:
+    """FSDP2 (each decoder layer, then the root) or DDP. Call on the meta-device model for FSDP.
+
+    ``mixed_precision`` (default: on GPU) gives FSDP bf16 parameters and compute with fp32 gradient
+    reduction; the dry run forces it on to model the GPU job on a CPU.
+    """
+    if mixed_precision is None:
+        mixed_precision = d.on_gpu
     if mode == "fsdp":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if d.on_gpu else None
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
         kwargs = {"mp_policy": mp} if mp else {}
+        if mesh is not None:
+            kwargs["mesh"] = mesh
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
         return model
     return DistributedDataParallel(model, device_ids=[d.device.index] if d.on_gpu else None)
+
+
+def checkpoint_activations(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (call before ``parallelize``).
+
+    The layer is wrapped (torchtitan's way), so FSDP's hooks sit outside the recomputed region.
+    transformers' own ``gradient_checkpointing_enable`` puts them inside, and FSDP2 then keeps every
+    layer's unsharded fp32 gradient to the end of backward (the dry run measured 4 bytes x all
+    parameters per GPU). State-dict keys are unchanged: DCP's state_dict drops the wrapper's prefix.
+    """
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip all gradients to a total L2 norm of ``max_norm``; returns the norm (a plain tensor).
+
+    Parameters may live on different device meshes (FSDP x tensor parallel: matrices on both,
+    norms and embeddings on the data-parallel mesh only), which one foreach norm cannot mix: the
+    norm is taken per mesh and combined.
+    """
+    by_mesh: dict = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(key, []).append(p)
+    squares = []
+    for params in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
+    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+    for params in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 def gradient_sync(model: nn.Module, enabled: bool):

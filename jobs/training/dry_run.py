@@ -1,0 +1,280 @@
+"""Production dry run: one rank of the real job, at its real world size, without GPUs or memory.
+
+    PYTHONPATH=jobs python -m training.dry_run model7 --env prod
+    PYTHONPATH=jobs python -m training.dry_run --config jobs/training/configs/model1.yaml --world-size 88
+
+The process joins PyTorch's fake process group (collectives return at once) as rank 0 of N, builds
+the model exactly as ``train.py`` does (preset, FSDP2 wrapping, tensor parallelism, mixed precision,
+activation checkpointing) inside ``FakeTensorMode`` (tensors have shapes and dtypes but no storage),
+and runs two optimizer steps of the training loop, each with up to two micro-batches, under FSDP2's
+memory tracker. The peak per-GPU memory is reported by category against the GPU's memory, and any
+wrapping or config error the launch would hit is raised here first.
+
+How the GPU is modelled on a CPU:
+- Mixed precision is forced on as on a GPU: bf16 parameters and compute, fp32 gradient reduction.
+- Attention runs through PyTorch's fused flash-attention kernel (the CPU one): what it keeps for
+  backward is the output and a per-row logsumexp, linear in seq_len, as the CUDA flash and
+  memory-efficient kernels keep; its meta implementation gives the sizes. The CUDA flash backward
+  also holds an fp32 accumulator of the query gradient while it runs: added as ``attention workspace``.
+- What tensors cannot show is added as ``runtime``: CUDA context, cuBLAS workspaces and NCCL
+  buffers (``RUNTIME_GIB``, a measured-order estimate). Allocator fragmentation is what the
+  required headroom (``HEADROOM``) is for.
+
+The estimate is checked against real CPU memory (``measure_cpu``) and an analytic model of the
+production shapes in tests/training/test_dry_run.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+
+from . import distributed
+from .config import Config, ConfigError, load_config
+from .models import build_model, count_parameters, init_weights, llama_config
+from .optim import build_optimizer
+
+GIB = 1024**3
+RUNTIME_GIB = 3.0  # CUDA context (~0.6), cuBLAS/cuDNN workspaces (~0.5), NCCL channel buffers (~1-2)
+HEADROOM = 0.15  # of the GPU's memory left free: fragmentation, spikes, what the model cannot see
+DEFAULT_VOCAB = 32000  # Llama-2's tokenizer: the production configs' vocabulary
+
+
+@dataclass
+class Report:
+    """Per-GPU memory of one rank at the step's peak, in bytes by category."""
+
+    model: str
+    preset: str
+    world_size: int
+    layout: str  # e.g. "FSDP 112" or "FSDP 14 x TP 8"
+    micro_batch_size: int
+    accumulation: int
+    activation_checkpointing: bool
+    grad_sync: str  # "every micro-batch" or "last micro-batch"
+    gpu_memory_gib: float
+    categories: dict[str, int] = field(default_factory=dict)  # at the peak; sums to ``peak_bytes``
+    seconds: float = 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.categories.values())
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def fraction(self) -> float:
+        return self.peak_gib / self.gpu_memory_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.fraction <= 1 - HEADROOM
+
+    @property
+    def other_bytes(self) -> int:
+        """Everything but parameters, gradients, optimizer state and activations."""
+        main = ("parameters", "gradients", "optimizer", "activations")
+        return sum(v for k, v in self.categories.items() if k not in main)
+
+    def table_row(self) -> str:
+        c = {k: v / GIB for k, v in self.categories.items()}
+        c["other"] = self.other_bytes / GIB
+        return (f"| {self.model} | {self.preset} | {self.layout} | {self.micro_batch_size} x {self.accumulation} | "
+                f"{'on' if self.activation_checkpointing else 'off'} | {c['parameters']:.1f} | {c['gradients']:.1f} | "
+                f"{c['optimizer']:.1f} | {c['activations']:.1f} | {c['other']:.1f} | **{self.peak_gib:.1f}** | "
+                f"{100 * self.fraction:.0f} % |")
+
+    def summary(self) -> str:
+        lines = [f"{self.model} ({self.preset}): {self.layout}, micro-batch {self.micro_batch_size} x "
+                 f"{self.accumulation} accumulation, activation checkpointing "
+                 f"{'on' if self.activation_checkpointing else 'off'}, gradients reduced {self.grad_sync}",
+                 f"  peak per GPU {self.peak_gib:.1f} GiB of {self.gpu_memory_gib:.0f} GiB "
+                 f"({100 * self.fraction:.0f} %, limit {100 * (1 - HEADROOM):.0f} %): "
+                 f"{'fits' if self.fits else 'DOES NOT FIT'}"]
+        for name, value in self.categories.items():
+            lines.append(f"    {name:<22} {value / GIB:8.2f} GiB")
+        lines.append(f"  ({self.seconds:.0f} s)")
+        return "\n".join(lines)
+
+
+TABLE_HEADER = ("| model | preset | layout (GPUs) | micro-batch x accumulation | act. ckpt | params GiB | grads GiB | "
+                "optimizer GiB | activations GiB | other GiB | peak GiB | of GPU |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+# FSDPMemTracker's categories, folded into the report's.
+_CATEGORY = {
+    "Sharded Param": "parameters", "Unsharded Param": "parameters", "Buffer": "parameters",
+    "Sharded Grad": "gradients", "Unsharded Grad": "gradients",
+    "OptState": "optimizer",
+    "Activation": "activations", "Inputs": "activations",
+    "Temp": "temporaries", "All Gather": "communication", "Reduce Scatter": "communication",
+}
+
+
+def fake_dist(world_size: int, rank: int = 0) -> distributed.Dist:
+    """Join the fake process group as ``rank`` of ``world_size``: collectives are no-ops."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    group = dist.group.WORLD
+    return distributed.Dist(rank, world_size, rank % 8, torch.device("cpu"), group, group)
+
+
+def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, vocab_size: int = DEFAULT_VOCAB,
+            gpu: bool = True, steps: int = 2, max_micro_batches: int = 2) -> Report:
+    """Peak memory of rank 0 of ``world_size`` over ``steps`` steps of ``cfg``'s training loop.
+
+    ``gpu``: model the GPU job (bf16 mixed precision, CUDA kernels' workspace, runtime); False
+    models the same run on CPU (fp32, nothing added), which ``measure_cpu`` can check.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    start = time.perf_counter()
+    accum = cfg.grad_accum_steps(world_size)
+    d = fake_dist(world_size)
+    model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
+    sync_every = True  # TODO: config
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))  # outside fake mode: the mesh reads real rank tensors
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = build_model(model_config)
+            if cfg.train.activation_checkpointing:
+                distributed.checkpoint_activations(model)
+            model = distributed.parallelize(model, cfg.train.parallelism, d, mixed_precision=gpu, mesh=mesh)
+            init_weights(model, model_config, d.device, cfg.train.seed)
+            optimizer = build_optimizer(model, cfg.optim)
+            tracker = (FSDPMemTracker(model, optimizer) if cfg.train.parallelism == "fsdp"
+                       else MemTracker())
+            if cfg.train.parallelism != "fsdp":
+                tracker.track_external(model, optimizer)
+            micro = min(accum, max_micro_batches)
+            shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
+            with tracker:
+                for step in range(steps):
+                    if step == steps - 1:
+                        _reset_peak(tracker)
+                    for m in range(micro):
+                        inputs = torch.randint(0, vocab_size, shape)
+                        labels = torch.randint(0, vocab_size, shape)
+                        with distributed.gradient_sync(model, m == micro - 1 or sync_every):
+                            logits = model(input_ids=inputs).logits
+                            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / accum
+                            loss.backward()
+                        tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak stays
+                    distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            peak = tracker.get_tracker_snapshot("peak")
+    finally:
+        dist.destroy_process_group()
+
+    device_peak = next(iter(peak.values()))
+    categories = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations": 0,
+                  "temporaries": 0, "communication": 0}
+    for name, value in device_peak.items():
+        if name != "Total":
+            categories[_CATEGORY.get(name, "temporaries")] += value
+    if gpu:
+        categories["attention workspace"] = _attention_workspace(model_config, cfg)
+        categories["runtime"] = int(RUNTIME_GIB * GIB)
+    report = Report(
+        model=cfg.name, preset=cfg.model.preset, world_size=world_size, layout=f"FSDP {world_size}"
+        if cfg.train.parallelism == "fsdp" else f"DDP {world_size}",
+        micro_batch_size=cfg.train.micro_batch_size, accumulation=accum,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        grad_sync="every micro-batch" if sync_every else "last micro-batch", gpu_memory_gib=gpu_memory_gib,
+        categories=categories, seconds=time.perf_counter() - start)
+    return report
+
+
+def _reset_peak(tracker) -> None:
+    """Measure from here on: the first step's peak is not the job's.
+
+    The first call of each DTensor operation (gradient clipping, the optimizer) infers its output
+    sharding by running the operation on fake tensors of the *global* shape, which the tracker
+    counts (4 bytes x all parameters once, e.g. 257 GiB for 70B); later calls hit a cache. The
+    first step also has no optimizer state yet. So the peak is taken over the last step only.
+    Done as MemTracker.__enter__ does it (private fields of torch 2.13's tracker).
+    """
+    tracker._peak_mem_snap = tracker.get_tracker_snapshot()
+    tracker._peak_mem = {dev: snap["Total"] for dev, snap in tracker._peak_mem_snap.items()}
+
+
+def _attention_workspace(model_config, cfg: Config) -> int:
+    """The CUDA flash backward's fp32 query-gradient accumulator for one layer (b x s x hidden x 4 B)."""
+    return cfg.train.micro_batch_size * cfg.data.seq_len * model_config.hidden_size * 4
+
+
+# GPU memory per device of the instance types a gpu_queue may use (GiB as nvidia-smi reports, rounded).
+GPU_MEMORY_GIB = {"p5e.48xlarge": 141, "p5en.48xlarge": 141, "p5.48xlarge": 80, "p4de.24xlarge": 80,
+                  "p4d.24xlarge": 40, "g5.12xlarge": 24, "g5.48xlarge": 24, "g6e.12xlarge": 48}
+
+
+def production_setup(model: str, env: str) -> tuple[int, float]:
+    """(world size, GPU memory GiB) of ``model`` in environment ``env`` (cluster_config/<env>.yaml)."""
+    from cluster_config.settings import load_settings
+
+    settings = load_settings(env)
+    plans = {m.name: m for m in settings.models}
+    if model not in plans:
+        raise ConfigError(f"model {model!r} is not in the {env} plan; choose one of {', '.join(plans)}")
+    queue = settings.gpu_queue
+    if queue.instance_type not in GPU_MEMORY_GIB:
+        raise ConfigError(f"GPU memory of {queue.instance_type} is unknown; pass --gpu-memory-gib")
+    return plans[model].nodes * queue.gpus_per_instance, GPU_MEMORY_GIB[queue.instance_type]
+
+
+def load_model_config(path: str, overrides: list[str] = ()) -> Config:
+    """The job's config; directory variables only need a value, nothing is read or written."""
+    for var in ("FSX_DATA", "FSX_CHECKPOINTS", "FSX_LOGS"):
+        os.environ.setdefault(var, f"/dry-run/{var.lower()}")
+    return load_config(path, list(overrides))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.dry_run", description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", help="model of the plan (e.g. model7): configs/<model>.yaml")
+    parser.add_argument("--env", default="prod", help="environment whose plan gives nodes and GPU type (default prod)")
+    parser.add_argument("--config", help="a config file instead of configs/<model>.yaml")
+    parser.add_argument("--world-size", type=int, help="ranks (default: the plan's nodes x GPUs per node)")
+    parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the plan's instance type)")
+    parser.add_argument("--vocab-size", type=int, default=0,
+                        help=f"vocabulary (default: the config's model.vocab_size, else {DEFAULT_VOCAB})")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = parser.parse_intermixed_args(argv)
+    if not args.model and not args.config:
+        print("error: name a model of the plan (model1 ... model7) or pass --config FILE", file=sys.stderr)
+        return 2
+    config_path = args.config or os.path.join(os.path.dirname(__file__), "configs", f"{args.model}.yaml")
+    try:
+        cfg = load_model_config(config_path, args.overrides)
+        world_size, gpu_gib = args.world_size, args.gpu_memory_gib
+        if world_size is None or gpu_gib is None:
+            planned, memory = production_setup(args.model or cfg.name, args.env)
+            world_size, gpu_gib = world_size or planned, gpu_gib or memory
+        report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib,
+                         vocab_size=args.vocab_size or cfg.model.vocab_size or DEFAULT_VOCAB)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0 if report.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
