@@ -1,46 +1,55 @@
-# Entry points. `make demo` and `make test` are the README quick start; both install what they need.
+# Entry points. `make demo` and `make test` are the README quick start; both install everything they
+# need. synth, plan, validate and lint need only the CDK app's packages and CLI: no root, no PyTorch.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps demo test synth validate plan lint bench cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk demo test synth validate plan lint bench cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-# --- installation (idempotent: each step reruns only when its inputs change) -------------------
-$(VENV)/.installed: requirements.txt requirements-jobs.txt requirements-dev.txt
+# --- installation, by need (idempotent: each step reruns only when its inputs change) ----------
+# Each step prints what it installs and how long it took (scripts/timed.sh).
+$(VENV)/.cdk-installed: requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-jobs.txt -r requirements-dev.txt
+	scripts/timed.sh "pip: the CDK app and its checks (requirements.txt)" $(PIP) -r requirements.txt
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.cdk-installed requirements-jobs.txt requirements-dev.txt
+	scripts/timed.sh "pip: the job payloads (PyTorch, transformers, ...) and the test tools" \
+	  $(PIP) -r requirements.txt -r requirements-jobs.txt -r requirements-dev.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+	scripts/timed.sh "npm: the pinned CDK CLI (package-lock.json)" npm ci --no-audit --no-fund
 	touch $@
 
-.build/pcluster/.installed: $(VENV)/.installed scripts/install_pcluster_schema.sh
-	scripts/install_pcluster_schema.sh
+.build/pcluster/.installed: $(VENV)/.cdk-installed scripts/install_pcluster_schema.sh
+	scripts/timed.sh "pip: ParallelCluster's config schema, into .build/pcluster" scripts/install_pcluster_schema.sh
 
 .build/debian.installed: scripts/install_system_packages.sh
-	scripts/install_system_packages.sh
+	scripts/timed.sh "apt: Slurm, munge, fio for the local cluster and the jobs (root)" scripts/install_system_packages.sh
 	mkdir -p .build && touch $@
 
-deps: $(VENV)/.installed node_modules/.installed .build/pcluster/.installed .build/debian.installed  ## install everything (venv, CDK CLI, schema, Debian packages)
+deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.installed  ## install what synth/plan/validate/lint need (no root)
+deps: deps-cdk $(VENV)/.installed .build/debian.installed  ## install everything (adds PyTorch & co., test tools, Debian packages)
 
 # --- the CDK app -------------------------------------------------------------------------------
-synth: deps  ## synthesize every environment offline and lint the templates
+synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every environment offline and lint the templates
 	source $(VENV)/bin/activate && scripts/synth_all.sh
 
-validate: deps  ## render every environment's ParallelCluster config and check it against ParallelCluster's schema
+validate: $(VENV)/.cdk-installed .build/pcluster/.installed  ## render every environment's ParallelCluster config and check it against ParallelCluster's schema
 	$(PY) -m cluster_config validate --all
 
-plan: deps  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput
+plan: $(VENV)/.cdk-installed  ## print the multi-model plan of ENV (default dev): nodes, GPUs, cost, storage throughput
 	$(PY) -m cluster_config plan --env $(ENV)
 
-lint: deps  ## shellcheck every shell script
+lint: $(VENV)/.cdk-installed  ## shellcheck every shell script
 	$(VENV)/bin/shellcheck -S warning $$(git ls-files '*.sh')
 
 # --- the local Slurm cluster -------------------------------------------------------------------

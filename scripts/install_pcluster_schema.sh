@@ -4,7 +4,7 @@
 # aws-parallelcluster pins CDK v1 and jsii 1.85; installed normally it would downgrade the CDK v2
 # app's jsii. Its schema code never imports aws_cdk, so we install the package without its
 # dependencies plus exactly what `pcluster.schemas.cluster_schema` imports, into a folder that
-# cluster_config/schema_check.py puts first on sys.path of a separate, site-less interpreter.
+# cluster_config/pcluster_schema.py puts first on sys.path of a separate, site-less interpreter.
 # Usage: scripts/install_pcluster_schema.sh [PYTHON]   (default: .venv/bin/python, else python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANTED" ]]; then
   exit 0
 fi
 rm -rf "$TARGET"
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --target "$TARGET" "${PACKAGES[@]}"
+"$PYTHON" -m pip install --disable-pip-version-check --no-deps --target "$TARGET" "${PACKAGES[@]}"
 # Prove the schema imports with nothing but the standard library and $TARGET (-S: no site-packages).
 "$PYTHON" -I -S -c "import sys; sys.path.insert(0, '$TARGET'); import pcluster.schemas.cluster_schema"
 printf '%s\n' "$WANTED" > "$STAMP"

@@ -10,11 +10,11 @@ done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
 if [[ $(id -u) -ne 0 ]]; then
-  echo "error: need root to install Debian packages: ${missing[*]}" >&2
+  echo "error: installing Debian packages needs root: ${missing[*]} — run as root, or install them with sudo apt-get install" >&2
   exit 1
 fi
 echo "installing Debian packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
+apt-get update -q
 # Debian's policy may try to start the daemons at install; the local cluster starts its own.
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from cli import ArgumentParser
 from cluster_checks.results import COLLECTIVES, Row, format_table, write_all
 
 DTYPE = torch.float32
@@ -207,7 +208,7 @@ def run_benchmark(args: argparse.Namespace, device: torch.device, backend: str) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m cluster_checks.collectives", description=__doc__.splitlines()[0])
     parser.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("4K"))
     parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("16M"))
     parser.add_argument("--factor", type=int, default=4, help="size multiplier between steps")
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     wrong = [f"{r.collective}@{r.size_bytes}" for r in rows if not r.correct]
     if wrong:
-        print(f"rank {os.environ.get('RANK', '?')}: WRONG results for {', '.join(wrong)}", file=sys.stderr)
+        print(f"problem: rank {os.environ.get('RANK', '?')}: wrong results for {', '.join(wrong)}", file=sys.stderr)
         return 1
     return 0
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli import ArgumentParser
 from .fsx_report import (DEFAULT_MIN_RATIO, FAILED, MISSING, MountResult, assess, exit_code,
                          parse_expectations, render_table, to_json)
 from .io_results import (ResultsError, fio_aggregate_mb_s, fio_aggregate_ops, load_fio_json,
@@ -235,7 +236,7 @@ def _read(path: Path) -> str:
 # --- entry point -------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cluster_checks.fsx_perf", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m cluster_checks.fsx_perf", description=__doc__.split("\n")[0])
     p.add_argument("mounts", nargs="+", help="mount points to test, e.g. /fsx/data /fsx/checkpoints")
     p.add_argument("--out", type=Path, required=True, help="folder for raw outputs and the summary")
     p.add_argument("--tool", choices=("ior", "fio"), required=True)

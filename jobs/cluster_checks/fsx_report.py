@@ -74,11 +74,12 @@ def assess(result: MountResult, provisioned_mb_s: Optional[float], min_ratio: fl
 
 
 def exit_code(results: list[MountResult]) -> int:
-    """0: every mount measured and not below threshold; 2: some mount below; 1: missing or failed."""
+    """docs/cli.md: 0 every mount measured and not below threshold; 1 some mount below or its measurement
+    failed (the check did not pass); 2 a mount that does not exist, or none given (bad input)."""
     statuses = {r.status for r in results}
-    if statuses & {MISSING, FAILED} or not results:
-        return 1
-    return 2 if BELOW in statuses else 0
+    if MISSING in statuses or not results:
+        return 2
+    return 1 if statuses & {BELOW, FAILED} else 0
 
 
 def _fmt(value: Optional[float], scale: float = 1.0, digits: int = 2) -> str:

@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from cli import ArgumentParser, fail
 from data_pipeline.isolation import measure as measure_loader
 from data_pipeline.loader import DatasetError, TokenLoader
 from training import distributed
@@ -175,8 +176,7 @@ def render(report: dict) -> str:
 # --- entry point -------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cluster_checks.input_diagnosis",
-                                description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m cluster_checks.input_diagnosis", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="the training config (jobs/training/configs/*.yaml)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="training config overrides")
     p.add_argument("--out", type=Path, required=True, help="folder for diagnosis.json and scratch files")
@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"input_diagnosis: {cfg.train.steps} real training steps ...", flush=True)
         steps = training_steps(cfg)
     except (ConfigError, DatasetError) as exc:
-        print(f"input_diagnosis: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

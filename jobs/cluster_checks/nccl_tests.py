@@ -13,12 +13,12 @@ mismatched. Exit status: 0 when every test passed its own data check and ran ove
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cli import ArgumentParser, fail
 from cluster_checks.results import Row, format_table, write_all
 
 BINARIES = {
@@ -115,14 +115,16 @@ def check_transport(text: str) -> Transport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m cluster_checks.nccl_tests", description=__doc__.splitlines()[0])
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--out-dir", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         rows, text = parse_logs(args.logs)
-    except (OSError, ParseError) as e:
-        print(f"ERROR: {e}", file=sys.stderr)
+    except OSError as e:
+        return fail(e, "pass the *_perf.log files jobs/nccl_tests.sh wrote")
+    except ParseError as e:  # the benchmark ran but did not finish: the check failed
+        print(f"problem: {e}", file=sys.stderr)
         return 1
     transport = check_transport(text)
     title = f"nccl-tests: {rows[0].world_size} ranks"
@@ -133,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     wrong = sorted({r.collective for r in rows if not r.correct})
     if wrong:
-        print(f"FAIL: nccl-tests found wrong results in {', '.join(wrong)}", file=sys.stderr)
+        print(f"problem: nccl-tests found wrong results in {', '.join(wrong)}", file=sys.stderr)
         status = 1
     if transport.ok:
         print(f"transport: {transport.message}")
     else:
-        print(f"FAIL: {transport.message}", file=sys.stderr)
+        print(f"problem: {transport.message}", file=sys.stderr)
         status = 1
     return status
 

@@ -8,7 +8,8 @@ object metadata ``sha256`` at upload), uploads the rest in parallel (multipart a
 ``--part-mb``), and writes ``s3://bucket/prefix/manifest.json`` ({path: {size, sha256}}) last, so
 a manifest means a complete upload; an interrupted sync resumes by running it again.
 verify checks every manifest entry against the objects (presence, size, stored SHA-256; with
-``--deep`` it downloads and re-hashes) and exits 1 naming each bad file.
+``--deep`` it downloads and re-hashes) and exits 1 naming each bad file. Both show progress
+(a bar on a terminal, a percent/rate/ETA line every 30 s in logs). Exit codes: docs/cli.md.
 
 Credentials come from the usual AWS chain (instance role on the cluster); ``--endpoint-url`` or
 ``AWS_ENDPOINT_URL`` points at another S3 API (tests use a local one).
@@ -24,6 +25,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from cli import ArgumentParser, fail
+from cli.progress import Progress
+
 MANIFEST = "manifest.json"
 
 
@@ -33,7 +37,7 @@ class UploadError(Exception):
 
 def parse_s3_url(url: str) -> tuple[str, str]:
     if not url.startswith("s3://") or len(url) <= 5:
-        raise UploadError(f"{url!r} is not an s3://bucket/prefix URL")
+        raise UploadError(f"{url!r} is not an S3 URL — write it as s3://bucket/prefix")
     bucket, _, prefix = url[5:].partition("/")
     return bucket, prefix.strip("/")
 
@@ -65,9 +69,9 @@ def _check_bucket(s3, bucket: str) -> None:
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         if code in ("404", "NoSuchBucket"):
-            raise UploadError(f"bucket {bucket!r} does not exist") from None
+            raise UploadError(f"bucket {bucket!r} does not exist — check the name (cdk deploy prints it)") from None
         if code in ("403", "AccessDenied"):
-            raise UploadError(f"access denied to bucket {bucket!r} (check the IAM policy)") from None
+            raise UploadError(f"access denied to bucket {bucket!r} — check the IAM policy of these credentials") from None
         raise
 
 
@@ -87,11 +91,11 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
 
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
-        raise UploadError(f"local folder {local_dir} does not exist")
+        raise UploadError(f"local folder {local_dir} does not exist — check the path")
     bucket, prefix = parse_s3_url(url)
     files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
     if not files:
-        raise UploadError(f"no files under {local_dir}")
+        raise UploadError(f"no files under {local_dir} — check the path (nothing to upload)")
     s3 = _client(endpoint_url, workers)
     _check_bucket(s3, bucket)
     transfer = TransferConfig(multipart_threshold=part_mb << 20, multipart_chunksize=part_mb << 20,
@@ -102,12 +106,15 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
         entry = {"size": path.stat().st_size, "sha256": sha256_file(path)}
         key = _key(prefix, rel)
         if _remote_sha(s3, bucket, key) == (entry["size"], entry["sha256"]):
+            progress.update(entry["size"])
             return rel, entry, False
         s3.upload_file(str(path), bucket, key, Config=transfer,
                        ExtraArgs={"Metadata": {"sha256": entry["sha256"]}})
+        progress.update(entry["size"])
         return rel, entry, True
 
-    with ThreadPoolExecutor(workers) as pool:
+    with Progress(sum(p.stat().st_size for p in files), f"sync {local_dir} -> {url}") as progress, \
+            ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, files))
     manifest = {"version": 1, "files": {rel: entry for rel, entry, _ in results}}
     s3.put_object(Bucket=bucket, Key=_key(prefix, MANIFEST),
@@ -130,11 +137,17 @@ def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8)
         body = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST))["Body"].read()
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-            raise UploadError(f"no {MANIFEST} at {url}: run `sync` first") from None
+            raise UploadError(f"no {MANIFEST} at {url} — run `sync` first") from None
         raise
     manifest = json.loads(body)["files"]
 
     def check(item) -> str | None:
+        try:
+            return _check(item)
+        finally:
+            progress.update(item[1]["size"])
+
+    def _check(item) -> str | None:
         rel, want = item
         key = _key(prefix, rel)
         remote = _remote_sha(s3, bucket, key)
@@ -153,25 +166,30 @@ def verify(url: str, *, endpoint_url=None, deep: bool = False, workers: int = 8)
                 return f"{rel}: content SHA-256 {h.hexdigest()}, manifest says {want['sha256']}"
         return None
 
-    with ThreadPoolExecutor(workers) as pool:
+    total = sum(entry["size"] for entry in manifest.values())
+    with Progress(total, f"verify {url}{' (deep)' if deep else ''}") as progress, ThreadPoolExecutor(workers) as pool:
         return [p for p in pool.map(check, sorted(manifest.items())) if p]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.upload", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
-                   help="S3 API endpoint (default: AWS)")
-    p.add_argument("--workers", type=int, default=8, help="parallel transfers")
+    p = ArgumentParser(prog="python -m data_pipeline.upload", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    # The options shared by both commands are given after the command, as the usage lines show.
+    common = ArgumentParser(add_help=False)
+    common.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
+                        help="S3 API endpoint (default: AWS)")
+    common.add_argument("--workers", type=int, default=8, help="parallel transfers")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("sync", help="upload changed files and write the manifest")
+    s = sub.add_parser("sync", parents=[common], help="upload changed files and write the manifest")
     s.add_argument("local_dir")
     s.add_argument("url", help="s3://bucket/prefix")
     s.add_argument("--part-mb", type=int, default=64, help="multipart threshold and part size")
-    v = sub.add_parser("verify", help="check the objects against the manifest")
+    v = sub.add_parser("verify", parents=[common], help="check the objects against the manifest")
     v.add_argument("url", help="s3://bucket/prefix")
     v.add_argument("--deep", action="store_true", help="download and re-hash every object")
     a = p.parse_args(argv)
+    if a.workers < 1:
+        p.error(f"--workers {a.workers}: needs at least 1")
     from boto3.exceptions import Boto3Error
     from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
                                      NoCredentialsError, PartialCredentialsError)
@@ -182,19 +200,18 @@ def main(argv=None) -> int:
             return 0
         problems = verify(a.url, endpoint_url=a.endpoint_url, deep=a.deep, workers=a.workers)
         for problem in problems:
-            print(f"MISMATCH {problem}", file=sys.stderr)
+            print(f"problem: {problem}", file=sys.stderr)
         print(json.dumps({"url": a.url, "ok": not problems, "bad": len(problems)}))
         return 1 if problems else 0
     except UploadError as e:
-        print(f"error: {e}", file=sys.stderr)
+        return fail(e)
     except (NoCredentialsError, PartialCredentialsError):
-        print("error: no AWS credentials found (use the instance role on the cluster, or set "
-              "AWS_PROFILE / AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY)", file=sys.stderr)
+        return fail("no AWS credentials found", "use the instance role on the cluster, or set "
+                    "AWS_PROFILE / AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY")
     except EndpointConnectionError as e:
-        print(f"error: cannot reach S3: {e}", file=sys.stderr)
+        return fail(f"cannot reach S3: {e}", "check --endpoint-url / AWS_ENDPOINT_URL and the network")
     except (ClientError, BotoCoreError, Boto3Error) as e:
-        print(f"error: S3 request failed: {e}", file=sys.stderr)
-    return 2
+        return fail(f"S3 request failed: {e}", "check the bucket, the IAM policy and the region")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,13 @@
 Every shard listed in dataset.json must exist, match its size and SHA-256, agree with its index,
 decode as a tar whose members follow the fixed layout, hold the listed number of sequences, and
 contain only ids below vocab_size; the totals must add up. Prints a JSON summary; exits 1 and names
-each bad shard (one line each) when anything is wrong, 2 when dataset.json itself is unusable.
+each bad shard (``problem: ...``, one line each) when anything is wrong, 2 when dataset.json itself
+is unusable (docs/cli.md). Shows progress while it hashes: a bar on a terminal, a percent/rate/ETA
+line every 30 s in logs.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -17,6 +18,8 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from cli import ArgumentParser, fail
+from cli.progress import Progress
 
 from .shards import (SUFFIX, DatasetError, DatasetMeta, ShardInfo, check_compatible, index_path,
                      read_dataset_meta, sequence_offset)
@@ -94,8 +97,15 @@ def validate(path, *, seq_len: int | None = None, vocab_size: int | None = None,
     meta = read_dataset_meta(path)
     if seq_len is not None:
         check_compatible(meta, seq_len=seq_len, vocab_size=vocab_size)
-    with ThreadPoolExecutor(threads or len(os.sched_getaffinity(0))) as pool:
-        problems = [p for ps in pool.map(lambda s: check_shard(meta, s), meta.shards) for p in ps]
+    def check(shard: ShardInfo) -> list[str]:
+        try:
+            return check_shard(meta, shard)
+        finally:
+            progress.update(shard.bytes)
+
+    with Progress(sum(s.bytes for s in meta.shards), f"validate {meta.path}") as progress, \
+            ThreadPoolExecutor(threads or len(os.sched_getaffinity(0))) as pool:
+        problems = [p for ps in pool.map(check, meta.shards) for p in ps]
     for shard in meta.shards:
         if shard.tokens != shard.sequences * meta.sample_tokens:
             problems.append(f"{shard.file}: {shard.tokens} tokens is not {shard.sequences} "
@@ -104,7 +114,7 @@ def validate(path, *, seq_len: int | None = None, vocab_size: int | None = None,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline.validate", description=__doc__)
+    p = ArgumentParser(prog="python -m data_pipeline.validate", description=__doc__.splitlines()[0])
     p.add_argument("path", help="dataset folder (holding dataset.json)")
     p.add_argument("--seq-len", type=int, help="also require this seq_len")
     p.add_argument("--vocab-size", type=int, help="also require ids to fit this model vocab")
@@ -112,10 +122,9 @@ def main(argv=None) -> int:
     try:
         meta, problems = validate(a.path, seq_len=a.seq_len, vocab_size=a.vocab_size)
     except DatasetError as e:
-        print(f"ERROR {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     for problem in problems:
-        print(f"ERROR {problem}", file=sys.stderr)
+        print(f"problem: {problem}", file=sys.stderr)
     bad = sorted({p.split(":", 1)[0] for p in problems})
     print(json.dumps({"path": str(meta.path), "ok": not problems, "shards": len(meta.shards),
                       "bad_shards": bad, "sequences": meta.total_sequences,

@@ -12,6 +12,8 @@ then rank 0 writes ``train_meta.json`` (what the checkpoint holds) and only then
 
 At most one save is in flight: the state is copied to CPU memory (the only time training
 waits), written by a background thread, and the next save first waits for the previous one.
+Old checkpoints are deleted by a cleaner thread on rank 0, never in the training loop: removing
+a 70B checkpoint's folder on Lustre takes long enough to stall every rank at the next collective.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -48,6 +50,7 @@ class Checkpointer:
         self._pending: tuple[Future, int, float] | None = None
         # One stager for the whole run, so pinned CPU buffers are allocated once (GPU only).
         self._stager = DefaultStager(StagingOptions(d.on_gpu, False, False, False)) if async_save else None
+        self._cleaner: ThreadPoolExecutor | None = None  # rank 0's pruning thread, started at the first commit
         if d.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
 
@@ -83,6 +86,8 @@ class Checkpointer:
         self.wait()
         if self._stager is not None:
             self._stager.close()
+        if self._cleaner is not None:
+            self._cleaner.shutdown(wait=True)
 
     def _commit(self, step: int, start: float) -> None:
         if not self.d.is_main:
@@ -91,14 +96,25 @@ class Checkpointer:
         write_atomic(path / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity}, indent=1))
         write_atomic(self.dir / LATEST, path.name + "\n")
         log.info("checkpoint step %d complete in %s (%.1f s after the save started)", step, path, time.perf_counter() - start)
-        self._prune()
+        if self._cleaner is None:
+            self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-cleaner")
+        self._cleaner.submit(self._prune, step)
 
-    def _prune(self) -> None:
-        latest = self.latest_step()
-        complete = [s for s in self.steps() if s <= latest and self.is_complete(s)]
-        doomed = complete[: -self.keep] + [s for s in self.steps() if s < latest and not self.is_complete(s)]
-        for step in doomed:
-            shutil.rmtree(self.step_dir(step), ignore_errors=True)
+    def _prune(self, committed: int) -> None:
+        """Keep the newest ``keep`` complete checkpoints up to ``committed`` (just named by ``latest``).
+
+        Runs on the cleaner thread. Only folders older than ``committed`` are candidates, so neither
+        the checkpoint being written nor the one just committed (nor one loaded at start, until
+        ``keep`` newer ones are complete) is ever removed.
+        """
+        try:
+            older = [s for s in self.steps() if s < committed]
+            complete = [s for s in older if self.is_complete(s)]
+            doomed = complete[: max(len(complete) - (self.keep - 1), 0)] + [s for s in older if not self.is_complete(s)]
+            for step in sorted(doomed):
+                shutil.rmtree(self.step_dir(step), ignore_errors=True)
+        except Exception:  # a failed clean-up must not end the run; the next commit tries again
+            log.exception("pruning old checkpoints in %s failed", self.dir)
 
     # --- finding and loading --------------------------------------------------------------------
     def step_dir(self, step: int) -> Path:

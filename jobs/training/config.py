@@ -2,20 +2,20 @@
 
     python -m training.train --config jobs/training/configs/model1.yaml train.steps=200 checkpoint.every=50
 
-Every value is checked here, once; a bad one fails with the field name and the fix. Paths may use
-environment variables (``${FSX_DATA}``); empty directory fields default to the per-model tree under
-``$FSX_CHECKPOINTS/<name>`` and ``$FSX_LOGS/<name>`` (see docs/training.md).
+Every value is checked here, once, by pydantic models (as ``cluster_config/settings.py`` checks the
+settings); a bad one fails with the key's name and the fix; ``--help`` lists every key with its
+default. Paths may use environment variables (``${FSX_DATA}``); empty directory fields default to
+the per-model tree under ``$FSX_CHECKPOINTS/<name>`` and ``$FSX_LOGS/<name>`` (see docs/training.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args, get_origin, get_type_hints
+from typing import Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .models import PRESETS
 
@@ -24,70 +24,95 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field and the fix."""
 
 
-@dataclass
-class ModelConfig:
-    preset: str = "tiny"
-    vocab_size: int = 0  # 0: the dataset's vocabulary, rounded up to a multiple of 64
+class _Section(BaseModel):
+    # Unknown keys are typos; YAML numbers given to a text field (name: 7) are read as text.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value, info):
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in ("int", "float", int, float):
+            raise ValueError("expected a number, got a boolean")
+        return value
 
 
-@dataclass
-class DataConfig:
-    path: str = "${FSX_DATA}/tokenized"  # where jobs/preprocess.sh writes by default
-    seq_len: int = 256
-    num_workers: int = 2
-    seed: int = 0
+class ModelConfig(_Section):
+    preset: str = Field("tiny", description="model shape: one of training.models.PRESETS")
+    vocab_size: int = Field(0, ge=0, description="0: the dataset's vocabulary, rounded up to a multiple of 64")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in PRESETS:
+            raise ValueError(f"unknown preset {value!r}; choose one of {', '.join(PRESETS)}")
+        return value
 
 
-@dataclass
-class OptimConfig:
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+class DataConfig(_Section):
+    path: str = Field("${FSX_DATA}/tokenized", description="token shards (where jobs/preprocess.sh writes by default)")
+    seq_len: int = Field(256, gt=0, description="tokens per sequence; must match the dataset")
+    num_workers: int = Field(2, ge=0, description="data-loader worker processes per rank")
+    seed: int = Field(0, description="shuffle seed")
 
 
-@dataclass
-class TrainConfig:
-    steps: int = 1000
-    global_batch_size: int = 64  # sequences per optimizer step, over all ranks
-    micro_batch_size: int = 4  # sequences per rank per forward/backward
-    parallelism: Literal["ddp", "fsdp"] = "fsdp"
-    activation_checkpointing: bool = False  # recompute each layer's activations in backward
-    seed: int = 0
-    timeout_s: int = 600  # collective timeout: a dead peer ends the job after this at the latest
+class OptimConfig(_Section):
+    lr: float = Field(3e-4, gt=0, description="peak learning rate")
+    min_lr: float = Field(3e-5, ge=0, description="learning rate at the end of the cosine decay")
+    warmup_steps: int = Field(100, ge=0, description="linear warm-up steps")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay")
+    beta1: float = Field(0.9, description="AdamW beta1")
+    beta2: float = Field(0.95, description="AdamW beta2")
+    grad_clip: float = Field(1.0, ge=0, description="gradient-norm clip")
 
 
-@dataclass
-class CheckpointConfig:
-    dir: str = ""  # default: $FSX_CHECKPOINTS/<name>
-    every: int = 500  # steps between saves
-    keep: int = 3  # complete checkpoints kept on disk
-    async_save: bool = True
+class TrainConfig(_Section):
+    steps: int = Field(1000, gt=0, description="optimizer steps in the whole run")
+    global_batch_size: int = Field(64, gt=0, description="sequences per optimizer step, over all ranks")
+    micro_batch_size: int = Field(4, gt=0, description="sequences per rank per forward/backward")
+    parallelism: Literal["ddp", "fsdp"] = Field("fsdp", description="ddp or fsdp")
+    activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
+    seed: int = Field(0, description="weight-initialization seed")
+    timeout_s: int = Field(600, gt=0, description="collective timeout: a dead peer ends the job after this at the latest")
 
 
-@dataclass
-class LogConfig:
-    dir: str = ""  # default: $FSX_LOGS/<name>
-    tensorboard_dir: str = ""  # default: <log.dir>/tensorboard
-    interval: int = 10  # steps between metric lines
-    wandb_project: str = ""  # used only when WANDB_API_KEY is set
+class CheckpointConfig(_Section):
+    dir: str = Field("", description="default: $FSX_CHECKPOINTS/<name>")
+    every: int = Field(500, gt=0, description="steps between saves")
+    keep: int = Field(3, gt=0, description="complete checkpoints kept on disk")
+    async_save: bool = Field(True, description="write in a background thread; training waits only for the copy to CPU")
 
 
-@dataclass
-class Config:
-    name: str = "model1"
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+class LogConfig(_Section):
+    dir: str = Field("", description="default: $FSX_LOGS/<name>")
+    tensorboard_dir: str = Field("", description="default: <log.dir>/tensorboard")
+    interval: int = Field(10, gt=0, description="steps between metric lines")
+    wandb_project: str = Field("", description="used only when WANDB_API_KEY is set")
+
+
+class Config(_Section):
+    name: str = Field("model1", description="run name: the default checkpoint and log folders")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.optim.min_lr > self.optim.lr:
+            raise ValueError(f"optim.min_lr {self.optim.min_lr} is above optim.lr {self.optim.lr}; lower min_lr")
+        if self.optim.warmup_steps >= self.train.steps:
+            raise ValueError(f"optim.warmup_steps {self.optim.warmup_steps} must be below train.steps {self.train.steps}")
+        if self.train.global_batch_size % self.train.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size {self.train.global_batch_size} is not a multiple of "
+                f"train.micro_batch_size {self.train.micro_batch_size}"
+            )
+        return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def grad_accum_steps(self, world_size: int) -> int:
         per_step = self.train.micro_batch_size * world_size
@@ -118,76 +143,52 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         node = raw
         for section in sections:
             node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {section} is not a section; see --help for the keys")
         node[leaf] = yaml.safe_load(value)
-    config = _build(Config, raw, "")
-    _validate(config)
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
     return _resolve_paths(config)
 
 
-def _build(cls, raw: dict, where: str):
-    hints = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(raw) - known
-    if unknown:
-        name = f"{where}{sorted(unknown)[0]}"
-        raise ConfigError(f"unknown config key {name!r}; allowed here: {', '.join(sorted(known))}")
-    values = {}
-    for name, value in raw.items():
-        kind = hints[name]
-        if dataclasses.is_dataclass(kind):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}{name}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(kind))}")
-            values[name] = _build(kind, value, f"{where}{name}.")
+def _describe(exc: ValidationError) -> str:
+    """One line per problem, each naming the key (``train.steps: ...``) and what to do."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            allowed = ", ".join(_section(error["loc"][:-1]).model_fields)
+            lines.append(f"unknown config key {where!r}; remove it or fix the spelling (allowed here: {allowed})")
+            continue
+        message = error["msg"].removeprefix("Value error, ")
+        if where:  # a model-level check names its keys itself
+            said = isinstance(error["input"], str) and repr(error["input"]) in message
+            got = "" if said else f" (got {error['input']!r})"
+            message = f"{where}: {message}{got}"
+        lines.append(message)
+    return "; ".join(lines)
+
+
+def _section(loc: tuple) -> type[BaseModel]:
+    model = Config
+    for part in loc:
+        model = model.model_fields[part].annotation
+    return model
+
+
+def config_keys() -> str:
+    """Every ``section.key`` with its default and meaning, for ``--help``."""
+    lines = []
+    for name, field in Config.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            for key, sub in section.model_fields.items():
+                lines.append(f"  {name}.{key}={sub.default!r}  {sub.description or ''}".rstrip())
         else:
-            values[name] = _check_type(f"{where}{name}", kind, value)
-    return cls(**values)
-
-
-def _check_type(name: str, kind, value):
-    if get_origin(kind) is Literal:
-        if value not in get_args(kind):
-            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, get_args(kind)))}")
-        return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
-    return value
-
-
-def _validate(c: Config) -> None:
-    if c.model.preset not in PRESETS:
-        raise ConfigError(f"model.preset: unknown preset {c.model.preset!r}; choose one of {', '.join(PRESETS)}")
-    positive = {
-        "data.seq_len": c.data.seq_len, "train.steps": c.train.steps,
-        "train.global_batch_size": c.train.global_batch_size, "train.micro_batch_size": c.train.micro_batch_size,
-        "checkpoint.every": c.checkpoint.every, "checkpoint.keep": c.checkpoint.keep,
-        "log.interval": c.log.interval, "optim.lr": c.optim.lr, "train.timeout_s": c.train.timeout_s,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{name}: must be > 0, got {value}")
-    for name, value in {"model.vocab_size": c.model.vocab_size, "data.num_workers": c.data.num_workers,
-                        "optim.warmup_steps": c.optim.warmup_steps, "optim.min_lr": c.optim.min_lr,
-                        "optim.weight_decay": c.optim.weight_decay, "optim.grad_clip": c.optim.grad_clip}.items():
-        if value < 0:
-            raise ConfigError(f"{name}: must be >= 0, got {value}")
-    if c.optim.min_lr > c.optim.lr:
-        raise ConfigError(f"optim.min_lr {c.optim.min_lr} is above optim.lr {c.optim.lr}; lower min_lr")
-    if c.optim.warmup_steps >= c.train.steps:
-        raise ConfigError(f"optim.warmup_steps {c.optim.warmup_steps} must be below train.steps {c.train.steps}")
-    if c.train.global_batch_size % c.train.micro_batch_size:
-        raise ConfigError(
-            f"train.global_batch_size {c.train.global_batch_size} is not a multiple of "
-            f"train.micro_batch_size {c.train.micro_batch_size}"
-        )
+            lines.append(f"  {name}={field.default!r}  {field.description or ''}".rstrip())
+    return "\n".join(lines)
 
 
 def _resolve_paths(c: Config) -> Config:

@@ -2,7 +2,9 @@
 
 Per log interval: loss, learning rate, grad norm, tokens/s (per device and total), MFU (GPU only,
 against the device's dense bf16 peak), data-wait share (time blocked fetching the next batch over
-step time), checkpoint blocking time, and memory (GPU: peak allocated; CPU: resident set).
+step time), checkpoint blocking time, and memory (GPU: peak allocated; CPU: resident set). The log
+line starts with ``step N/total`` and ends with the run's elapsed time and ETA; the samples
+checksum (which data rank 0 saw, for the exact-resume tests) goes to metrics.jsonl only.
 Weights & Biases is used only when WANDB_API_KEY is set (imported lazily; optional).
 """
 
@@ -38,13 +40,15 @@ def memory_gib(device: torch.device) -> float:
 
 
 class Metrics:
-    """Accumulates one interval; ``log_interval`` is called on every rank (loss is averaged), writes on rank 0."""
+    """Accumulates one interval; ``emit`` is called on every rank (loss is averaged), writes on rank 0."""
 
     def __init__(self, *, log_dir: str, tensorboard_dir: str, is_main: bool, world_size: int, device: torch.device,
                  tokens_per_step: int, flops_per_token: float, run_name: str, config: dict, start_step: int = 0,
-                 wandb_project: str = ""):
+                 total_steps: int, wandb_project: str = ""):
         self.is_main, self.world_size, self.device = is_main, world_size, device
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.start_step, self.total_steps = start_step, total_steps
+        self.run_start = self.clock()
         self.peak = peak_flops(device)
         self._reset()
         self._tb = self._wandb = None
@@ -101,7 +105,8 @@ class Metrics:
             record["mfu_pct"] = 100 * record["tokens_per_s_per_device"] * self.flops_per_token / self.peak
         self._reset()
         if self.is_main:
-            log.info(" ".join(f"{k}={_fmt(v)}" for k, v in record.items()))
+            log.info("%s %s", self._progress(step), " ".join(f"{k}={_fmt(v)}" for k, v in record.items()
+                                                             if k not in ("step", "samples_crc")))
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
             for key, value in record.items():
@@ -110,6 +115,13 @@ class Metrics:
             if self._wandb:
                 self._wandb.log(record, step=step)
         return record
+
+    def _progress(self, step: int) -> str:
+        """``step 120/1000 (elapsed 0:02:10, eta 0:15:53)``: ETA from this run's mean step time so far."""
+        elapsed = self.clock() - self.run_start
+        done, left = step - self.start_step, max(self.total_steps - step, 0)
+        eta = _duration(elapsed / done * left) if done > 0 else "?"
+        return f"step {step}/{self.total_steps} (elapsed {_duration(elapsed)}, eta {eta})"
 
     def event(self, **fields) -> None:
         """A one-off line (resume, stop, checkpoint) in the JSONL log, for tools and tests."""
@@ -127,3 +139,8 @@ class Metrics:
 
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"

@@ -1,4 +1,4 @@
-"""The app as a whole: stack names and environments, cdk-nag, cfn-lint, errors at synth, the synth script."""
+"""The app as a whole: stack names and environments, cdk-nag, cfn-lint, errors at synth (``make synth``: tests/test_make.py)."""
 
 import json
 import os
@@ -89,15 +89,3 @@ def test_no_environment_fails_synth_asking_for_one():
     assert f"error: no environment chosen: pass -c env=NAME (available: {available})" in result.stderr
     assert "Traceback" not in result.stderr
 
-
-@pytest.mark.slow
-@pytest.mark.skipif(not (ROOT / "node_modules/.bin/cdk").exists(), reason="the CDK CLI is not installed (npm ci)")
-def test_synth_all_script_synthesizes_and_lints_every_environment():
-    venv_bin = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}"}
-    result = subprocess.run(["scripts/synth_all.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    for env_name in available_environments():
-        assert f"{env_name}: synthesized in" in result.stdout
-        for part in ("network", "storage"):
-            assert (ROOT / "cdk.out" / env_name / f"llm-{env_name}-{part}.template.json").is_file()

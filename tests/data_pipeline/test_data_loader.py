@@ -183,3 +183,19 @@ def test_isolation_mode_reports_throughput_and_latency(dp_dataset):
     assert report["batches"] == 40 and report["tokens"] == 40 * 4 * SEQ_LEN
     assert report["tokens_per_s"] > 0 and 0 < report["fetch_ms_p50"] <= report["fetch_ms_p99"]
     assert report["padding_fraction"] == 0.0
+
+
+def test_validate_names_each_bad_shard_and_shows_progress(dp_copy):
+    meta = read_dataset_meta(dp_copy)
+    r = run_module("data_pipeline.validate", dp_copy, "--seq-len", SEQ_LEN)
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stderr
+    assert f"validate {meta.path}: 100.0% (" in r.stderr and ", eta 0:00:00" in r.stderr  # the log line at the end
+    victim = meta.shards[1]
+    with open(dp_copy / victim.file, "r+b") as f:
+        f.truncate(victim.bytes // 2)
+    r = run_module("data_pipeline.validate", dp_copy)
+    assert r.returncode == 1 and json.loads(r.stdout)["bad_shards"] == [victim.file]
+    assert f"problem: {victim.file}: {victim.bytes // 2} bytes, dataset.json says {victim.bytes}" in r.stderr
+    (dp_copy / "dataset.json").unlink()
+    r = run_module("data_pipeline.validate", dp_copy)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: no dataset.json in {dp_copy}")

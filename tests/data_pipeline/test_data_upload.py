@@ -57,9 +57,11 @@ def upload(env, *args):
 
 def test_sync_uploads_with_manifest_then_skips_unchanged_files(s3, s3_env, data_dir):
     url = f"s3://{BUCKET}/datasets/raw"
-    rc, out, err = upload(s3_env, "sync", data_dir, url, "--part-mb", "5")
+    rc, out, err = upload(s3_env, "sync", data_dir, url, "--part-mb", "5", "--workers", "3")  # as the usage says
     assert rc == 0, err
     assert (out["files"], out["uploaded"], out["skipped"]) == (2, 2, 0)
+    # Progress on stderr (stdout stays JSON): in a log, a percent/rate/ETA line, the last one at 100 %.
+    assert f"sync {data_dir} -> {url}: 100.0% (12.6 MB of 12.6 MB), " in err and ", eta 0:00:00" in err
     body = s3.get_object(Bucket=BUCKET, Key="datasets/raw/sub/b.bin")["Body"].read()
     assert body == (data_dir / "sub" / "b.bin").read_bytes()
     head = s3.head_object(Bucket=BUCKET, Key="datasets/raw/sub/b.bin")
@@ -74,6 +76,7 @@ def test_sync_uploads_with_manifest_then_skips_unchanged_files(s3, s3_env, data_
     assert (rc, out["uploaded"], out["skipped"]) == (0, 1, 1)
     rc, out, err = upload(s3_env, "verify", url, "--deep")
     assert rc == 0 and out["ok"], err
+    assert f"verify {url} (deep): 100.0% (" in err
 
 
 def test_verify_names_the_mismatching_file(s3, s3_env, data_dir):
@@ -81,7 +84,7 @@ def test_verify_names_the_mismatching_file(s3, s3_env, data_dir):
     assert upload(s3_env, "sync", data_dir, url)[0] == 0
     s3.put_object(Bucket=BUCKET, Key="v/a.txt", Body=b"tampered")
     rc, _, err = upload(s3_env, "verify", url)
-    assert rc == 1 and "MISMATCH a.txt: size 8 in S3" in err and "b.bin" not in err
+    assert rc == 1 and "problem: a.txt: size 8 in S3" in err and "b.bin" not in err
     # Same size and the recorded checksum in metadata, different bytes: only --deep can tell.
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="v/manifest.json")["Body"].read())
     entry = manifest["files"]["a.txt"]
@@ -89,15 +92,15 @@ def test_verify_names_the_mismatching_file(s3, s3_env, data_dir):
                   Metadata={"sha256": entry["sha256"]})
     assert upload(s3_env, "verify", url)[0] == 0
     rc, _, err = upload(s3_env, "verify", url, "--deep")
-    assert rc == 1 and "MISMATCH a.txt: content SHA-256" in err
+    assert rc == 1 and "problem: a.txt: content SHA-256" in err
     s3.delete_object(Bucket=BUCKET, Key="v/sub/b.bin")
     rc, _, err = upload(s3_env, "verify", url)
-    assert rc == 1 and "MISMATCH sub/b.bin: missing" in err
+    assert rc == 1 and "problem: sub/b.bin: missing" in err
 
 
 def test_missing_bucket_is_one_clear_line(s3, s3_env, data_dir):
     rc, _, err = upload(s3_env, "sync", data_dir, "s3://no-such-bucket/x")
-    assert rc == 2 and err.strip() == "error: bucket 'no-such-bucket' does not exist"
+    assert rc == 2 and err.strip() == "error: bucket 'no-such-bucket' does not exist — check the name (cdk deploy prints it)"
 
 
 def test_missing_credentials_is_one_clear_line(s3_env, data_dir):
@@ -109,4 +112,4 @@ def test_missing_credentials_is_one_clear_line(s3_env, data_dir):
 
 def test_verify_without_manifest_says_to_sync_first(s3, s3_env):
     rc, _, err = upload(s3_env, "verify", f"s3://{BUCKET}/nothing-here")
-    assert rc == 2 and "no manifest.json at s3://training-data/nothing-here: run `sync` first" in err
+    assert rc == 2 and "error: no manifest.json at s3://training-data/nothing-here — run `sync` first" in err

@@ -122,7 +122,7 @@ def test_missing_mount_and_too_little_space_are_reported_without_running_anythin
     out = tmp_path / "report"
     code = fsx_perf.main([str(tmp_path / "fsx4"), str(tmp_path), "--out", str(out), "--tool", "fio",
                           "--nodes", "2", "--tasks-per-node", "8", "--block", "1000t"])
-    assert code == 1
+    assert code == 2  # a mount that does not exist is bad input (docs/cli.md)
     document = json.loads((out / "summary.json").read_text())
     missing, full = document["mounts"]
     assert missing["status"] == MISSING and "does not exist on" in missing["notes"][0]

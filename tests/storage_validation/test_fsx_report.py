@@ -63,9 +63,10 @@ def test_exit_code_follows_the_worst_mount():
     below = assess(measured(mount="/fsx/logs", write=10), 1000.0, 0.8)
     assert exit_code([ok]) == 0
     assert exit_code([ok, assess(measured(), None, 0.8)]) == 0
-    assert exit_code([ok, below]) == 2
-    assert exit_code([below, MountResult(mount="/fsx4", status=MISSING)]) == 1
-    assert exit_code([]) == 1
+    assert exit_code([ok, below]) == 1
+    assert exit_code([ok, MountResult(mount="/fsx3", status=FAILED)]) == 1
+    assert exit_code([below, MountResult(mount="/fsx4", status=MISSING)]) == 2
+    assert exit_code([]) == 2
 
 
 def test_table_shows_gb_s_ratios_status_and_notes():

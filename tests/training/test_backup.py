@@ -105,4 +105,5 @@ def test_backup_cli_runs_as_one_process(s3, tmp_path):
                             env={**os.environ, "PYTHONPATH": str(repo / "jobs")}, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "backed up and verified 3 files" in result.stderr
+    assert "backup step_00000003: 100.0% (" in result.stderr  # progress, as a log line when not on a terminal
     assert s3.get_object(Bucket=BUCKET, Key="cli/model1/latest")["Body"].read() == b"step_00000003\n"

@@ -33,6 +33,8 @@ def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_da
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "step_time_s", "data_wait_pct",
             "checkpoint_block_s", "memory_gib", "samples_crc"} <= set(record)
     assert "mfu_pct" not in record  # GPU only
+    assert "step 3/3 (elapsed 0:00:" in run.output and ", eta 0:00:00) loss=" in run.output  # progress in the line
+    assert "samples_crc" not in run.output  # the checksum is for tools: metrics.jsonl only
     assert list((run.logs / "tensorboard").glob("events.out.tfevents.*"))
     meta_file = run.checkpoints / "step_00000003/train_meta.json"
     meta = json.loads(meta_file.read_text())
@@ -43,7 +45,7 @@ def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_da
     assert "Use a new checkpoint.dir" in run.output
 
 
-@pytest.mark.parametrize("override, message", [("train.parallelism=tp", "train.parallelism: 'tp' is not one of ddp, fsdp")])
+@pytest.mark.parametrize("override, message", [("train.parallelism=tp", "train.parallelism: Input should be 'ddp' or 'fsdp' (got 'tp')")])
 def test_bad_setting_fails_before_any_work(run, tiny_data, override, message):
     assert run.run(tiny_data, override, nproc=1) != 0
     assert message in run.output

@@ -1,10 +1,13 @@
-"""Checkpointer: commit rule, keep-K, fallback past partial or corrupt checkpoints, wrong model."""
+"""Checkpointer: commit rule, keep-K on the cleaner thread, fallback past partial or corrupt checkpoints, wrong model."""
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
+import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +107,26 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, d):
     other = Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity={"preset": "llama2-7b", "vocab_size": 512})
     with pytest.raises(CheckpointMismatch, match="preset: checkpoint has 'tiny', config has 'llama2-7b'"):
         other.load(state(0.0, 0))
+
+
+def test_pruning_runs_on_a_cleaner_thread_and_spares_the_loaded_and_newer(tmp_path, d, monkeypatch):
+    saved_checkpointer(tmp_path, d, [10, 20])  # an earlier run's checkpoints
+    release, calls = threading.Event(), []
+    real_rmtree = shutil.rmtree
+
+    def slow_rmtree(path, **kwargs):  # deleting a big checkpoint on Lustre takes minutes
+        calls.append((Path(path).name, threading.current_thread() is threading.main_thread()))
+        release.wait(timeout=60)
+        real_rmtree(path, **kwargs)
+
+    monkeypatch.setattr("training.checkpoint.shutil.rmtree", slow_rmtree)
+    ckpt = Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity=IDENTITY)
+    assert load(ckpt)[0] == 20
+    ckpt.save(25, state(25.0, 25))  # keep=2: step 10 goes, the loaded step 20 stays
+    ckpt.save(30, state(30.0, 30))  # returns while the first deletion is still blocked
+    assert not release.is_set() and ckpt.latest_step() == 30
+    (tmp_path / "step_00000040").mkdir()  # a newer save in flight: never a candidate
+    release.set()
+    ckpt.close()
+    assert ckpt.steps() == [25, 30, 40]
+    assert calls == [("step_00000010", False), ("step_00000020", False)]  # never on the training thread

@@ -31,14 +31,16 @@ def test_file_then_overrides_and_per_model_directories():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.stpes=5"], "unknown config key 'train.stpes'; allowed here: "),
-    (["train.steps=many"], "train.steps: expected int, got 'many'"),
-    (["train.parallelism=zero3"], "train.parallelism: 'zero3' is not one of ddp, fsdp"),
+    (["train.stpes=5"], "unknown config key 'train.stpes'; remove it or fix the spelling (allowed here: steps, "),
+    (["train.steps=many"], "train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
+    (["train.steps=true"], "train.steps: expected a number, got a boolean"),
+    (["train.parallelism=zero3"], "train.parallelism: Input should be 'ddp' or 'fsdp' (got 'zero3')"),
     (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, 1.7b"),
     (["train.micro_batch_size=5"], "train.global_batch_size 32 is not a multiple of train.micro_batch_size 5"),
     (["optim.min_lr=1.0"], "optim.min_lr 1.0 is above optim.lr"),
-    (["checkpoint.keep=0"], "checkpoint.keep: must be > 0, got 0"),
+    (["checkpoint.keep=0"], "checkpoint.keep: Input should be greater than 0 (got 0)"),
     (["steps"], "override 'steps' is not section.key=value"),
+    (["train.steps.max=1"], "override 'train.steps.max=1': steps is not a section"),
 ])
 def test_bad_settings_name_the_field_and_the_fix(overrides, message):
     with pytest.raises(ConfigError) as err:
