@@ -6,8 +6,8 @@
 The process joins PyTorch's fake process group (collectives return at once) as rank 0 of N, builds
 the model exactly as ``train.py`` does (preset, FSDP2 wrapping, tensor parallelism, mixed precision,
 activation checkpointing) inside ``FakeTensorMode`` (tensors have shapes and dtypes but no storage),
-and runs two optimizer steps of the training loop, each with up to two micro-batches, under FSDP2's
-memory tracker. The peak per-GPU memory is reported by category against the GPU's memory, and any
+and runs a steady-state training step (optimizer state present, gradient shards from earlier
+micro-batches present) under FSDP2's memory tracker. The peak per-GPU memory is reported by category against the GPU's memory, and any
 wrapping or config error the launch would hit is raised here first.
 
 How the GPU is modelled on a CPU:
@@ -27,7 +27,6 @@ production shapes in tests/training/test_dry_run.py.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -35,13 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 
 from . import distributed
 from .config import Config, ConfigError, load_config
-from .models import build_model, count_parameters, init_weights, llama_config
-from .optim import build_optimizer
+from .models import llama_config
 
 GIB = 1024**3
 RUNTIME_GIB = 3.0  # CUDA context (~0.6), cuBLAS/cuDNN workspaces (~0.5), NCCL channel buffers (~1-2)
@@ -134,51 +130,49 @@ def fake_dist(world_size: int, rank: int = 0) -> distributed.Dist:
 
 
 def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, vocab_size: int = DEFAULT_VOCAB,
-            gpu: bool = True, steps: int = 2, max_micro_batches: int = 2) -> Report:
-    """Peak memory of rank 0 of ``world_size`` over ``steps`` steps of ``cfg``'s training loop.
+            gpu: bool = True) -> Report:
+    """Peak memory of rank 0 of ``world_size`` in a steady-state step of ``cfg``'s training loop.
 
-    ``gpu``: model the GPU job (bf16 mixed precision, CUDA kernels' workspace, runtime); False
-    models the same run on CPU (fp32, nothing added), which ``measure_cpu`` can check.
+    ``gpu``: model the GPU job (bf16 mixed precision, the CUDA init path, kernel workspace,
+    runtime); False models the same run on CPU (fp32, nothing added), which ``measure_cpu`` checks.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from .train import build, compute_loss
+
     start = time.perf_counter()
     accum = cfg.grad_accum_steps(world_size)
     d = fake_dist(world_size)
     model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
-    sync_every = True  # TODO: config
+    deferred = cfg.train.grad_reduce == "last_micro_batch" or cfg.train.parallelism == "ddp"
     try:
-        mesh = init_device_mesh("cpu", (world_size,))  # outside fake mode: the mesh reads real rank tensors
+        mesh = distributed.device_mesh(d, cfg.train)  # outside fake mode: it reads real rank tensors
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model = build_model(model_config)
-            if cfg.train.activation_checkpointing:
-                distributed.checkpoint_activations(model)
-            model = distributed.parallelize(model, cfg.train.parallelism, d, mixed_precision=gpu, mesh=mesh)
-            init_weights(model, model_config, d.device, cfg.train.seed)
-            optimizer = build_optimizer(model, cfg.optim)
-            tracker = (FSDPMemTracker(model, optimizer) if cfg.train.parallelism == "fsdp"
-                       else MemTracker())
-            if cfg.train.parallelism != "fsdp":
+            model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=gpu, sharded_rng=gpu)
+            if cfg.train.parallelism == "ddp":
+                tracker = MemTracker()
                 tracker.track_external(model, optimizer)
-            micro = min(accum, max_micro_batches)
+            else:
+                tracker = FSDPMemTracker(model, optimizer)
             shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
             with tracker:
-                for step in range(steps):
-                    if step == steps - 1:
-                        _reset_peak(tracker)
-                    for m in range(micro):
-                        inputs = torch.randint(0, vocab_size, shape)
-                        labels = torch.randint(0, vocab_size, shape)
-                        with distributed.gradient_sync(model, m == micro - 1 or sync_every):
-                            logits = model(input_ids=inputs).logits
-                            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / accum
-                            loss.backward()
-                        tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak stays
-                    distributed.clip_grad_norm(model, cfg.optim.grad_clip)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+                _warm_up(model, optimizer, cfg)
+                _reset_peak(tracker)
+                # The measured step starts mid-accumulation (gradient shards from earlier micro-batches
+                # are there, as is the optimizer state). Deferred reduction needs a second micro-batch
+                # to hold the first one's unsharded gradients.
+                micro = min(accum, 2) if deferred else 1
+                for m in range(micro):
+                    inputs = torch.randint(0, vocab_size, shape)
+                    labels = torch.randint(0, vocab_size, shape)
+                    with distributed.gradient_sync(model, m == micro - 1, cfg.train.grad_reduce):
+                        (compute_loss(model, inputs, labels) / accum).backward()
+                    tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak stays
+                distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             peak = tracker.get_tracker_snapshot("peak")
     finally:
         dist.destroy_process_group()
@@ -188,18 +182,29 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
                   "temporaries": 0, "communication": 0}
     for name, value in device_peak.items():
         if name != "Total":
-            categories[_CATEGORY.get(name, "temporaries")] += value
+            categories[_CATEGORY.get(getattr(name, "value", name), "temporaries")] += value
     if gpu:
         categories["attention workspace"] = _attention_workspace(model_config, cfg)
         categories["runtime"] = int(RUNTIME_GIB * GIB)
-    report = Report(
-        model=cfg.name, preset=cfg.model.preset, world_size=world_size, layout=f"FSDP {world_size}"
-        if cfg.train.parallelism == "fsdp" else f"DDP {world_size}",
+    tp = cfg.train.tensor_parallel
+    layout = {"ddp": "DDP", "fsdp": "FSDP", "hsdp": "HSDP"}[cfg.train.parallelism]
+    layout = f"{layout} {world_size // tp}" + (f" x TP {tp}" if tp > 1 else "")
+    if cfg.train.parallelism == "hsdp":
+        layout += f" (shards of {cfg.train.hsdp_shard_size})"
+    return Report(
+        model=cfg.name, preset=cfg.model.preset, world_size=world_size, layout=layout,
         micro_batch_size=cfg.train.micro_batch_size, accumulation=accum,
         activation_checkpointing=cfg.train.activation_checkpointing,
-        grad_sync="every micro-batch" if sync_every else "last micro-batch", gpu_memory_gib=gpu_memory_gib,
+        grad_sync="last micro-batch" if deferred else "every micro-batch", gpu_memory_gib=gpu_memory_gib,
         categories=categories, seconds=time.perf_counter() - start)
-    return report
+
+
+def _warm_up(model, optimizer, cfg: Config) -> None:
+    """One clip + optimizer step on zero gradient shards: the optimizer state exists, as from step 2 on."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+    optimizer.step()
 
 
 def _reset_peak(tracker) -> None:
@@ -208,7 +213,7 @@ def _reset_peak(tracker) -> None:
     The first call of each DTensor operation (gradient clipping, the optimizer) infers its output
     sharding by running the operation on fake tensors of the *global* shape, which the tracker
     counts (4 bytes x all parameters once, e.g. 257 GiB for 70B); later calls hit a cache. The
-    first step also has no optimizer state yet. So the peak is taken over the last step only.
+    first step also has no optimizer state yet. So the peak is taken after the warm-up.
     Done as MemTracker.__enter__ does it (private fields of torch 2.13's tracker).
     """
     tracker._peak_mem_snap = tracker.get_tracker_snapshot()

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from . import distributed
 from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
@@ -35,6 +34,28 @@ log = logging.getLogger("training")
 def train(cfg: Config, d: distributed.Dist) -> str:
     """Run until ``train.steps`` or a stop request; returns the final status."""
     return Trainer(cfg, d).train()
+
+
+def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precision: bool | None = None,
+          sharded_rng: bool | None = None):
+    """The parallelized, initialized model and its optimizer, as every rank of the job builds them.
+
+    Shared with the dry run (``training.dry_run``), which forces the GPU choices on a CPU.
+    """
+    model = build_model(model_config)
+    if cfg.train.parallelism == "ddp":
+        init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+        model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
+    else:  # shard first, so each rank allocates only its shard
+        model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
+        init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+    return model, build_optimizer(model, cfg.optim)
+
+
+def compute_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of one micro-batch (fp32 logits)."""
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
 class Trainer:
@@ -54,23 +75,15 @@ class Trainer:
         check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)
         model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
         total_params, _ = count_parameters(model_config)
-        log.info("model %s: %.3gM parameters, vocab %d, %s over %d ranks on %s", cfg.model.preset, total_params / 1e6,
-                 vocab_size, cfg.train.parallelism, d.world_size, d.device)
+        log.info("model %s: %.3gM parameters, vocab %d, %s x tensor parallel %d over %d ranks on %s", cfg.model.preset,
+                 total_params / 1e6, vocab_size, cfg.train.parallelism, cfg.train.tensor_parallel, d.world_size, d.device)
 
-        model = build_model(model_config)
-        if cfg.train.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if cfg.train.parallelism == "fsdp":  # shard first, so each rank allocates only its shard
-            model = distributed.parallelize(model, "fsdp", d)
-            init_weights(model, model_config, d.device, cfg.train.seed)
-        else:
-            init_weights(model, model_config, d.device, cfg.train.seed)
-            model = distributed.parallelize(model, "ddp", d)
-        self.model = model
-        self.optimizer = build_optimizer(model, cfg.optim)
+        self.mesh = distributed.device_mesh(d, cfg.train)
+        self.model, self.optimizer = build(cfg, model_config, d, self.mesh)
         self.accum = cfg.grad_accum_steps(d.world_size)
+        dp_rank, dp_size = distributed.data_parallel_rank(d, cfg.train.tensor_parallel)
         self.loader = TokenLoader(cfg.data.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,
-                                  rank=d.rank, world_size=d.world_size, num_workers=cfg.data.num_workers,
+                                  rank=dp_rank, world_size=dp_size, num_workers=cfg.data.num_workers,
                                   seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size)
         identity = {"preset": cfg.model.preset, "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
                     "layers": model_config.num_hidden_layers, "hidden": model_config.hidden_size}
@@ -96,8 +109,6 @@ class Trainer:
             stopping = distributed.any_rank(self.stop.requested, d)
             last = self.step == cfg.train.steps or stopping
             if self.step % cfg.log.interval == 0 or last:
-                if isinstance(grad_norm, DTensor):
-                    grad_norm = grad_norm.full_tensor()
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item())
             if self.step % cfg.checkpoint.every == 0 or last:
@@ -125,7 +136,7 @@ class Trainer:
             data_wait += self.metrics.clock() - wait_start
             samples = zlib.crc32(batch["input_ids"].numpy().tobytes(), samples)  # which data this rank saw
             loss_sum += self.forward_backward(batch, sync_grads=micro == self.accum - 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        grad_norm = distributed.clip_grad_norm(self.model, self.cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -136,9 +147,9 @@ class Trainer:
         """Loss of one micro-batch (already divided by ``accum``), gradients accumulated into the model."""
         inputs = batch["input_ids"].to(self.d.device, non_blocking=True)
         labels = batch["labels"].to(self.d.device, non_blocking=True)
-        with distributed.gradient_sync(self.model, sync_grads), distributed.autocast(self.d, self.cfg.train.parallelism):
-            logits = self.model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / self.accum
+        with (distributed.gradient_sync(self.model, sync_grads, self.cfg.train.grad_reduce),
+              distributed.autocast(self.d, self.cfg.train.parallelism)):
+            loss = compute_loss(self.model, inputs, labels) / self.accum
             loss.backward()
         return loss.detach()
 

@@ -45,7 +45,7 @@ def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_da
     assert "Use a new checkpoint.dir" in run.output
 
 
-@pytest.mark.parametrize("override, message", [("train.parallelism=tp", "train.parallelism: Input should be 'ddp' or 'fsdp' (got 'tp')")])
+@pytest.mark.parametrize("override, message", [("train.parallelism=tp", "train.parallelism: Input should be 'ddp', 'fsdp' or 'hsdp' (got 'tp')")])
 def test_bad_setting_fails_before_any_work(run, tiny_data, override, message):
     assert run.run(tiny_data, override, nproc=1) != 0
     assert message in run.output
