@@ -21,7 +21,7 @@ from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, re
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, write_atomic
+from .checkpoint import CheckpointMismatch, Checkpointer, NothingLoadable, write_atomic
 from .config import Config, ConfigError, config_keys, load_config
 from .metrics import Metrics
 from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
@@ -84,8 +84,11 @@ class Trainer:
         dp_rank, dp_size = distributed.data_parallel_rank(d, cfg.train.tensor_parallel)
         self.loader = TokenLoader(cfg.data.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,
                                   rank=dp_rank, world_size=dp_size, num_workers=cfg.data.num_workers,
-                                  seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size)
+                                  seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size,
+                                  global_batch_size=cfg.train.global_batch_size)
+        # What must match to resume: the model's shape, and the global batch (the data order depends on it).
         identity = {"preset": cfg.model.preset, "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
+                    "global_batch_size": cfg.train.global_batch_size,
                     "layers": model_config.num_hidden_layers, "hidden": model_config.hidden_size}
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity)
@@ -153,31 +156,60 @@ class Trainer:
             loss.backward()
         return loss.detach()
 
-    def app_state(self) -> dict:
-        """Everything a resume needs. Per-rank items (RNG, loader position) live under a per-rank key."""
+    def app_state(self, rank_keys: tuple[int, ...] | None = None) -> dict:
+        """Everything a resume needs. Per-rank items (RNG, loader position) live under per-rank keys.
+
+        ``rank_keys``: whose per-rank items to load (default: this rank's own).
+        """
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        rng = {"cpu": torch.get_rng_state()}
-        if self.d.on_gpu:
-            rng["cuda"] = torch.cuda.get_rng_state(self.d.device)
-        return {"model": model_state, "optim": optim_state, "step": self.step,
-                f"rank{self.d.rank}": {"rng": rng, "loader": self.loader.state_dict()}}
+        state = {"model": model_state, "optim": optim_state, "step": self.step}
+        for r in rank_keys if rank_keys is not None else (self.d.rank,):
+            rng = {"cpu": torch.get_rng_state()}
+            if self.d.on_gpu:
+                rng["cuda"] = torch.cuda.get_rng_state(self.d.device)
+            state[f"rank{r}"] = {"rng": rng, "loader": self.loader.state_dict()}
+        return state
 
     def _resume(self) -> int:
-        """Load the newest loadable checkpoint; the step to continue from (0: a fresh start)."""
+        """Load the newest loadable checkpoint; the step to continue from (0: no checkpoint).
+
+        On the world size it was saved at, every rank loads its own RNG and loader position. On
+        another world size, DCP reshards model and optimizer state to the new layout, every rank
+        reads rank 0's loader position (all ranks have consumed the same number of steps) and the
+        loader maps it to its own place in the data order; RNG states do not carry over (training
+        draws no random numbers after initialization).
+        """
         self.step = 0
-        if self.ckpt.latest_step() < 0:  # building the state initializes optimizer moments: only when resuming
+        if self.ckpt.latest_step() < 0 and not self.ckpt.steps():
+            # building the state initializes optimizer moments: only when there is something to load
             log.info("no checkpoint in %s: starting from step 0", self.ckpt.dir)
             return 0
-        state = self.app_state()
-        if self.ckpt.load(state) is None:
-            self.optimizer = build_optimizer(self.model, self.cfg.optim)  # discard the moments the attempt initialized
+        loaded: dict = {}
+
+        def state_for(meta: dict) -> dict:
+            same_world = meta.get("world_size") == self.d.world_size
+            loaded["same_world"], loaded["saved_world"] = same_world, meta.get("world_size")
+            loaded["state"] = self.app_state(None if same_world else (0,))
+            return loaded["state"]
+
+        if self.ckpt.load(state_for) is None:  # raises NothingLoadable rather than start again
+            self.optimizer = build_optimizer(self.model, self.cfg.optim)  # discard initialized moments
             return 0
+        state = loaded["state"]
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        mine = state[f"rank{self.d.rank}"]
-        torch.set_rng_state(mine["rng"]["cpu"])
-        if self.d.on_gpu:
-            torch.cuda.set_rng_state(mine["rng"]["cuda"], self.d.device)
-        self.loader.load_state_dict(mine["loader"])
+        if loaded["same_world"]:
+            mine = state[f"rank{self.d.rank}"]
+            torch.set_rng_state(mine["rng"]["cpu"])
+            if self.d.on_gpu:
+                torch.cuda.set_rng_state(mine["rng"]["cuda"], self.d.device)
+        else:
+            mine = state["rank0"]
+            log.warning("resuming on %d ranks from a checkpoint of %s ranks: model and optimizer resharded, "
+                        "data position remapped", self.d.world_size, loaded["saved_world"])
+        try:
+            self.loader.load_state_dict(mine["loader"])
+        except ValueError as exc:
+            raise CheckpointMismatch(f"{exc}") from None
         return int(state["step"])
 
 
@@ -198,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     try:
         train(cfg, d)
-    except (ConfigError, DatasetError, CheckpointMismatch) as exc:
+    except (ConfigError, DatasetError, CheckpointMismatch, NothingLoadable) as exc:
         log.error("%s", exc)
         return 2
     finally:
