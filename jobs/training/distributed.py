@@ -178,10 +178,15 @@ def gradient_sync(model: nn.Module, last_micro_batch: bool, grad_reduce: str):
     last micro-batch, and FSDP keeps every parameter's *unsharded* gradient in fp32 (the reduce
     dtype) until then: 4 bytes x all parameters per GPU whatever the world size (257 GiB for 70B).
     It saves (accumulation - 1) reduce-scatters per step: only where the dry run shows it fits.
+    HSDP reduce-scatters within its shard group every micro-batch and all-reduces across the groups
+    (nodes) only on the last.
     """
     if isinstance(model, DistributedDataParallel):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
     model.set_requires_gradient_sync(last_micro_batch or grad_reduce == "every_micro_batch")
+    # HSDP: the reduce-scatter stays inside the shard group (a node: NVLink) every micro-batch; the
+    # all-reduce of the shards across nodes waits for the last one (fp32 shards: 4 B x params / shard).
+    model.set_requires_all_reduce(last_micro_batch)
     return contextlib.nullcontext()
 
 

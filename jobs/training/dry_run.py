@@ -27,6 +27,7 @@ production shapes in tests/training/test_dry_run.py.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -83,6 +84,14 @@ class Report:
         main = ("parameters", "gradients", "optimizer", "activations")
         return sum(v for k, v in self.categories.items() if k not in main)
 
+    def as_dict(self) -> dict:
+        return {"model": self.model, "preset": self.preset, "world_size": self.world_size, "layout": self.layout,
+                "micro_batch_size": self.micro_batch_size, "accumulation": self.accumulation,
+                "activation_checkpointing": self.activation_checkpointing, "grad_sync": self.grad_sync,
+                "gpu_memory_gib": self.gpu_memory_gib, "peak_gib": round(self.peak_gib, 2),
+                "fraction": round(self.fraction, 4), "fits": self.fits,
+                "gib": {k: round(v / GIB, 2) for k, v in self.categories.items()}}
+
     def table_row(self) -> str:
         c = {k: v / GIB for k, v in self.categories.items()}
         c["other"] = self.other_bytes / GIB
@@ -123,7 +132,7 @@ def fake_dist(world_size: int, rank: int = 0) -> distributed.Dist:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        dist.destroy_process_group()
+        raise RuntimeError("a process group already exists in this process; run the dry run in its own process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     group = dist.group.WORLD
     return distributed.Dist(rank, world_size, rank % 8, torch.device("cpu"), group, group)
@@ -149,17 +158,17 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     deferred = cfg.train.grad_reduce == "last_micro_batch" or cfg.train.parallelism == "ddp"
     try:
         mesh = distributed.device_mesh(d, cfg.train)  # outside fake mode: it reads real rank tensors
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=gpu, sharded_rng=gpu)
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=gpu, sharded_rng=True, allocating=fake)
+        with fake:
             if cfg.train.parallelism == "ddp":
                 tracker = MemTracker()
                 tracker.track_external(model, optimizer)
             else:
                 tracker = FSDPMemTracker(model, optimizer)
             shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
+            _warm_up(model, optimizer, cfg)  # before tracking: see _warm_up
             with tracker:
-                _warm_up(model, optimizer, cfg)
-                _reset_peak(tracker)
                 # The measured step starts mid-accumulation (gradient shards from earlier micro-batches
                 # are there, as is the optimizer state). Deferred reduction needs a second micro-batch
                 # to hold the first one's unsharded gradients.
@@ -200,29 +209,88 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
 
 
 def _warm_up(model, optimizer, cfg: Config) -> None:
-    """One clip + optimizer step on zero gradient shards: the optimizer state exists, as from step 2 on."""
+    """One clip + optimizer step on zero gradient shards, untracked: the state of step 2 and later.
+
+    Afterwards the optimizer state and gradient shards exist (the tracker files them under their
+    categories when it starts), and DTensor's caches are warm: the first call of each DTensor
+    operation infers its output sharding by running it on fake tensors of the *global* shape,
+    which a tracker would count (4 bytes x all parameters at once, e.g. 257 GiB for 70B) although
+    no GPU ever allocates it.
+    """
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     distributed.clip_grad_norm(model, cfg.optim.grad_clip)
     optimizer.step()
 
 
-def _reset_peak(tracker) -> None:
-    """Measure from here on: the first step's peak is not the job's.
-
-    The first call of each DTensor operation (gradient clipping, the optimizer) infers its output
-    sharding by running the operation on fake tensors of the *global* shape, which the tracker
-    counts (4 bytes x all parameters once, e.g. 257 GiB for 70B); later calls hit a cache. The
-    first step also has no optimizer state yet. So the peak is taken after the warm-up.
-    Done as MemTracker.__enter__ does it (private fields of torch 2.13's tracker).
-    """
-    tracker._peak_mem_snap = tracker.get_tracker_snapshot()
-    tracker._peak_mem = {dev: snap["Total"] for dev, snap in tracker._peak_mem_snap.items()}
-
-
 def _attention_workspace(model_config, cfg: Config) -> int:
     """The CUDA flash backward's fp32 query-gradient accumulator for one layer (b x s x hidden x 4 B)."""
     return cfg.train.micro_batch_size * cfg.data.seq_len * model_config.hidden_size * 4
+
+
+_MEASURE = r"""
+import json, os, resource, sys, torch, torch.distributed as dist
+from training import distributed
+from training.dry_run import load_model_config
+from training.models import llama_config
+from training.train import build, compute_loss
+
+args = json.loads(sys.argv[1])
+torch.manual_seed(0)
+cfg = load_model_config(args["config"], args["overrides"])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args["port"]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+d = distributed.Dist(0, 1, 0, torch.device("cpu"), dist.group.WORLD, dist.group.WORLD)
+model_config = llama_config(cfg.model.preset, args["vocab_size"], cfg.data.seq_len)
+profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+profiler.__enter__()
+model, optimizer = build(cfg, model_config, d, distributed.device_mesh(d, cfg.train), mixed_precision=False,
+                         sharded_rng=False)
+accum = cfg.grad_accum_steps(1)
+shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
+for step in range(2):
+    for m in range(accum):
+        inputs = torch.randint(0, args["vocab_size"], shape)
+        labels = torch.randint(0, args["vocab_size"], shape)
+        with distributed.gradient_sync(model, m == accum - 1, cfg.train.grad_reduce):
+            (compute_loss(model, inputs, labels) / accum).backward()
+    distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+profiler.__exit__(None, None, None)
+# Every CPU allocator event (+bytes allocated, -bytes freed) in time order; the running sum's maximum.
+events = sorted((e.start_ns(), e.nbytes()) for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]")
+live = peak = 0
+for _, delta in events:
+    live += delta
+    peak = max(peak, live)
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"peak_bytes": peak, "max_rss_bytes": rss}))
+dist.destroy_process_group()
+"""
+
+
+def measure_cpu(config_path: str, overrides: list[str] = (), *, vocab_size: int = DEFAULT_VOCAB) -> int:
+    """Real memory of two training steps of the config on one CPU process (fp32, world size 1).
+
+    PyTorch's profiler records every allocation and free of the CPU allocator (``profile_memory``)
+    from before the model is built: the peak of their running sum is the most tensor memory that
+    was live at once, what the dry run estimates (the process's own resident memory adds the
+    interpreter, libraries and the allocator's cache on top).
+    """
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    args = json.dumps({"config": str(config_path), "overrides": list(overrides), "vocab_size": vocab_size, "port": port})
+    out = subprocess.run([sys.executable, "-c", _MEASURE, args], env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"CPU measurement failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
 
 
 # GPU memory per device of the instance types a gpu_queue may use (GiB as nvidia-smi reports, rounded).
@@ -244,6 +312,19 @@ def production_setup(model: str, env: str) -> tuple[int, float]:
     return plans[model].nodes * queue.gpus_per_instance, GPU_MEMORY_GIB[queue.instance_type]
 
 
+def estimate(model: str, env: str = "prod", overrides: list[str] = ()) -> dict:
+    """The dry run of ``model`` in ``env`` as plain numbers (GiB), for the plan and other tools.
+
+    {"model", "preset", "world_size", "layout", "micro_batch_size", "accumulation",
+     "activation_checkpointing", "gpu_memory_gib", "peak_gib", "fraction", "fits", "gib": {category: GiB}}
+    Takes seconds for 7B and a few minutes for 70B on two CPU cores.
+    """
+    cfg = load_model_config(os.path.join(os.path.dirname(__file__), "configs", f"{model}.yaml"), overrides)
+    world_size, gpu_gib = production_setup(model, env)
+    report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=cfg.model.vocab_size or DEFAULT_VOCAB)
+    return report.as_dict()
+
+
 def load_model_config(path: str, overrides: list[str] = ()) -> Config:
     """The job's config; directory variables only need a value, nothing is read or written."""
     for var in ("FSX_DATA", "FSX_CHECKPOINTS", "FSX_LOGS"):
@@ -260,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the plan's instance type)")
     parser.add_argument("--vocab-size", type=int, default=0,
                         help=f"vocabulary (default: the config's model.vocab_size, else {DEFAULT_VOCAB})")
+    parser.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)
     if not args.model and not args.config:
@@ -278,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.summary())
+    if args.json:
+        print(json.dumps(report.as_dict()))
     return 0 if report.fits else 1
 
 

@@ -10,6 +10,7 @@ the last finished step was saved), which the batch script uses to back up or req
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -37,19 +38,23 @@ def train(cfg: Config, d: distributed.Dist) -> str:
 
 
 def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precision: bool | None = None,
-          sharded_rng: bool | None = None):
+          sharded_rng: bool | None = None, allocating=contextlib.nullcontext()):
     """The parallelized, initialized model and its optimizer, as every rank of the job builds them.
 
-    Shared with the dry run (``training.dry_run``), which forces the GPU choices on a CPU.
+    Shared with the dry run (``training.dry_run``), which forces the GPU choices on a CPU and
+    allocates inside its fake-tensor mode (``allocating``); wrapping works on the meta device.
     """
     model = build_model(model_config)
     if cfg.train.parallelism == "ddp":
+        with allocating:
+            init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+            model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
+            return model, build_optimizer(model, cfg.optim)
+    # Shard first, so each rank allocates only its shard.
+    model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
+    with allocating:
         init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
-        model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
-    else:  # shard first, so each rank allocates only its shard
-        model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
-        init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
-    return model, build_optimizer(model, cfg.optim)
+        return model, build_optimizer(model, cfg.optim)
 
 
 def compute_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
