@@ -223,6 +223,22 @@ def _warm_up(model, optimizer, cfg: Config) -> None:
     optimizer.step()
 
 
+def analytic_activation_bytes(model_config, micro_batch_size: int, seq_len: int) -> int:
+    """Activations kept for backward without checkpointing or tensor parallelism, counted by hand.
+
+    Per token and layer, bf16 unless noted: each RMSNorm keeps its input in fp32 and its output
+    (2 x (4h + 2h)); Q, K, V after RoPE (2h + 4kv); the attention output and o_proj's input
+    (2 x 2h); the four SwiGLU tensors (4 x 2f); the attention's logsumexp (4 x heads, fp32).
+    Plus the fp32 logits and their gradient (8 x vocab per token).
+    """
+    c = model_config
+    h, f, heads = c.hidden_size, c.intermediate_size, c.num_attention_heads
+    kv = c.num_key_value_heads * (h // heads)
+    per_token_layer = 12 * h + (2 * h + 4 * kv) + 4 * h + 8 * f + 4 * heads
+    tokens = micro_batch_size * seq_len
+    return tokens * (c.num_hidden_layers * per_token_layer + 8 * c.vocab_size)
+
+
 def _attention_workspace(model_config, cfg: Config) -> int:
     """The CUDA flash backward's fp32 query-gradient accumulator for one layer (b x s x hidden x 4 B)."""
     return cfg.train.micro_batch_size * cfg.data.seq_len * model_config.hidden_size * 4

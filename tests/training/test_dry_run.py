@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from training import distributed
-from training.dry_run import (DEFAULT_VOCAB, HEADROOM, dry_run, fake_dist, load_model_config, main, measure_cpu,
+from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes, dry_run, fake_dist, load_model_config, main, measure_cpu,
                               production_setup)
 from training.models import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, llama_config
 from training.train import build
@@ -47,6 +47,21 @@ def test_every_production_model_fits_a_h200_with_headroom(production_reports):
     model7 = production_reports["model7"]
     assert model7.world_size == 112 and model7.layout == "FSDP 14 x TP 8"  # the TP layout at production size
     assert production_reports["model1"].layout.startswith("HSDP 88")
+
+
+@pytest.mark.slow
+def test_production_estimates_agree_with_the_analytic_model(production_reports):
+    """States are bytes x parameters / shards; activations (no checkpointing) counted by hand."""
+    for model in ("model1", "model3", "model5"):
+        report = production_reports[model]
+        cfg = load_model_config(CONFIGS / f"{model}.yaml")
+        model_config = llama_config(cfg.model.preset, DEFAULT_VOCAB, cfg.data.seq_len)
+        params, _ = count_parameters(model_config)
+        shards = cfg.train.hsdp_shard_size
+        assert report.categories["optimizer"] == pytest.approx(8 * params / shards, rel=0.02), model
+        assert report.categories["gradients"] == pytest.approx(4 * params / shards, rel=0.02), model
+        analytic = analytic_activation_bytes(model_config, cfg.train.micro_batch_size, cfg.data.seq_len)
+        assert report.categories["activations"] == pytest.approx(analytic, rel=0.15), model
 
 
 @pytest.mark.parametrize("overrides", [
