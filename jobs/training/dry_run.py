@@ -314,14 +314,21 @@ GPU_MEMORY_GIB = {"p5e.48xlarge": 141, "p5en.48xlarge": 141, "p5.48xlarge": 80, 
                   "p4d.24xlarge": 40, "g5.12xlarge": 24, "g5.48xlarge": 24, "g6e.12xlarge": 48}
 
 
-def production_setup(model: str, env: str) -> tuple[int, float]:
-    """(world size, GPU memory GiB) of ``model`` in environment ``env`` (cluster_config/<env>.yaml)."""
+def production_setup(model: str, env: str, preset: str | None = None) -> tuple[int, float]:
+    """(world size, GPU memory GiB) of ``model`` in environment ``env`` (cluster_config/<env>.yaml).
+
+    ``preset``: the config's; a plan that names another one is an error (the job would train
+    something else than the plan was sized for).
+    """
     from cluster_config.settings import load_settings
 
     settings = load_settings(env)
     plans = {m.name: m for m in settings.models}
     if model not in plans:
         raise ConfigError(f"model {model!r} is not in the {env} plan; choose one of {', '.join(plans)}")
+    if preset is not None and plans[model].preset != preset:
+        raise ConfigError(f"the {env} plan gives {model} preset {plans[model].preset!r} but its config trains "
+                          f"{preset!r}; make cluster_config/{env}.yaml and the config agree (or pass --config)")
     queue = settings.gpu_queue
     if queue.instance_type not in GPU_MEMORY_GIB:
         raise ConfigError(f"GPU memory of {queue.instance_type} is unknown; pass --gpu-memory-gib")
@@ -336,7 +343,7 @@ def estimate(model: str, env: str = "prod", overrides: list[str] = ()) -> dict:
     Takes seconds for 7B and a few minutes for 70B on two CPU cores.
     """
     cfg = load_model_config(os.path.join(os.path.dirname(__file__), "configs", f"{model}.yaml"), overrides)
-    world_size, gpu_gib = production_setup(model, env)
+    world_size, gpu_gib = production_setup(model, env, cfg.model.preset)
     report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=cfg.model.vocab_size or DEFAULT_VOCAB)
     return report.as_dict()
 
@@ -368,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_model_config(config_path, args.overrides)
         world_size, gpu_gib = args.world_size, args.gpu_memory_gib
         if world_size is None or gpu_gib is None:
-            planned, memory = production_setup(args.model or cfg.name, args.env)
+            planned, memory = production_setup(args.model or cfg.name, args.env, cfg.model.preset)
             world_size, gpu_gib = world_size or planned, gpu_gib or memory
         report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib,
                          vocab_size=args.vocab_size or cfg.model.vocab_size or DEFAULT_VOCAB)

@@ -128,3 +128,8 @@ def test_unknown_model_is_an_error_naming_the_choices(capsys):
     assert main(["model9", "--env", "prod"]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "model9" in err
+
+
+def test_plan_and_config_training_different_presets_is_an_error(capsys):
+    assert main(["model1", "--env", "dev"]) == 2  # dev's model1 is the tiny preset; model1.yaml is 7B
+    assert "the dev plan gives model1 preset 'tiny' but its config trains 'llama2-7b'" in capsys.readouterr().err

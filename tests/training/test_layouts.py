@@ -1,4 +1,4 @@
-"""Parallel layouts on CPU with real gloo processes: FSDP x tensor parallel, FSDP, DDP give the same
+"""Parallel layouts on CPU with real gloo processes: FSDP x tensor parallel, FSDP, HSDP, DDP give the same
 training; checkpoints move between layouts and world sizes; torch.compile matches eager.
 
 The same global batch (32 sequences) is consumed per step in every layout: the loader interleaves
@@ -18,6 +18,7 @@ STEPS = ("train.steps=8", "checkpoint.every=4", "log.interval=1", "train.micro_b
 FSDP = ("train.parallelism=fsdp",)
 FSDP_TP = ("train.parallelism=fsdp", "train.tensor_parallel=2")
 DDP = ("train.parallelism=ddp",)
+HSDP = ("train.parallelism=hsdp", "train.hsdp_shard_size=2")  # 2 replicas x 2 shards
 # fp32 on CPU: layouts sum the same numbers in different orders (gloo all-reduce vs reduce-scatter,
 # a row-parallel matmul's two partial sums), ~1e-7 relative per operation, grown by 8 Adam steps.
 RTOL = 2e-4
@@ -47,18 +48,19 @@ def resume_from(tmp_path, name: str, source: Run, step: int) -> Run:
 def layouts(tiny_data, tmp_path_factory) -> dict[str, Run]:
     """8 steps of each layout on 4 processes, checkpoints at steps 4 and 8."""
     runs = {}
-    for name, layout in (("fsdp_tp", FSDP_TP), ("fsdp", FSDP), ("ddp", DDP)):
+    for name, layout in (("fsdp_tp", FSDP_TP), ("fsdp", FSDP), ("ddp", DDP), ("hsdp", HSDP)):
         run = Run(tmp_path_factory.mktemp(name))
         assert run.run(tiny_data, *STEPS, *layout, nproc=4) == 0, run.output[-4000:]
         runs[name] = run
     return runs
 
 
-def test_fsdp_x_tensor_parallel_matches_fsdp_and_ddp(layouts):
-    tp, fsdp, ddp = (losses(layouts[name]) for name in ("fsdp_tp", "fsdp", "ddp"))
+def test_fsdp_x_tensor_parallel_and_hsdp_match_fsdp_and_ddp(layouts):
+    tp, fsdp, ddp, hsdp = (losses(layouts[name]) for name in ("fsdp_tp", "fsdp", "ddp", "hsdp"))
     assert sorted(tp) == list(range(1, 9)) and tp[8] < tp[1] - 0.5  # it learns
     assert_close(tp, fsdp)
     assert_close(tp, ddp)
+    assert_close(hsdp, fsdp)
     assert "fsdp x tensor parallel 2 over 4 ranks" in layouts["fsdp_tp"].output
 
 
