@@ -41,7 +41,7 @@ def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_da
     meta_file.write_text(json.dumps({**meta, "preset": "llama2-7b", "hidden": 4096, "layers": 32}))
 
     assert run.run(tiny_data, "train.steps=6", "optim.warmup_steps=1", nproc=1) != 0
-    assert "was written for a different model (preset: checkpoint has 'llama2-7b', config has 'tiny'" in run.output
+    assert "was written for a different model or data order (preset: checkpoint has 'llama2-7b', config has 'tiny'" in run.output
     assert "Use a new checkpoint.dir" in run.output
 
 

@@ -35,7 +35,7 @@ def test_file_then_overrides_and_per_model_directories():
     (["train.steps=many"], "train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
     (["train.steps=true"], "train.steps: expected a number, got a boolean"),
     (["train.parallelism=zero3"], "train.parallelism: Input should be 'ddp', 'fsdp' or 'hsdp' (got 'zero3')"),
-    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, 1.7b"),
+    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, small, 1.7b"),
     (["train.micro_batch_size=5"], "train.global_batch_size 32 is not a multiple of train.micro_batch_size 5"),
     (["optim.min_lr=1.0"], "optim.min_lr 1.0 is above optim.lr"),
     (["checkpoint.keep=0"], "checkpoint.keep: Input should be greater than 0 (got 0)"),
