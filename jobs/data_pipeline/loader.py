@@ -14,11 +14,13 @@ Used by training like::
 
 Order. Epoch ``e`` is a permutation of every sequence in the dataset: the shards are shuffled
 with ``(seed, e)``, and the sequences inside each shard with ``(seed, e, shard)``; the shuffled
-shards are laid end to end. Rank ``r`` of ``w`` takes the ``r``-th contiguous block of
-``total // w`` sequences of that permutation (so each rank reads mostly its own shards and all
-ranks get the same number of batches), and cuts it into ``batches_per_epoch`` batches; the few
-sequences left over change every epoch. Batch ``g`` of a rank (counted across epochs) is a pure
-function of ``(seed, rank, world_size, batch_size, g)``.
+shards are laid end to end. An epoch uses the first ``total // G * G`` sequences of that
+permutation, ``G`` the global batch (sequences per optimizer step over all ranks; default
+``world_size x batch_size``); the few left over change every epoch. Batch ``g`` of rank ``r`` of
+``w`` (counted across epochs) is the ``b`` sequences at ``g x w x b + r x b`` of the epoch's
+order: the ranks' micro-batches are interleaved, so optimizer step ``s`` always consumes
+positions ``[s x G, (s + 1) x G)`` whatever the world size and accumulation. Batch ``g`` is a
+pure function of ``(seed, rank, world_size, batch_size, global batch, g)``.
 
 Workers. DataLoader worker ``i`` of ``k`` (``num_workers``, ``prefetch_factor`` batches each)
 produces batches ``start + i, start + i + k, ...``; the
@@ -28,7 +30,10 @@ Workers live for the whole run: the stream crosses epoch boundaries without rest
 Resume. The state is the number of batches this rank has handed out (plus the settings that fix
 the order). Loading it positions the stream in O(1): nothing consumed is read again, and the
 following batches are exactly those an uninterrupted run would have produced, for any number
-of workers.
+of workers. A state saved at another world size or micro-batch size (same global batch) is
+remapped: ``batches x world_size x batch_size`` sequences were consumed, so the new rank
+continues at that position, and no sequence is skipped or read twice. A position that is not
+a whole number of the new layout's batches is refused.
 
 Reading. A batch is read with one ``pread`` per sequence straight into the batch buffer (offsets
 come from the fixed shard layout, see ``shards``), passed from the worker as raw bytes in the
@@ -56,18 +61,23 @@ from .shards import (SUFFIX, TAR_BLOCK, DatasetError, DatasetMeta, check_compati
 __all__ = ["TokenLoader", "DatasetError", "DatasetMeta", "read_dataset_meta", "check_compatible"]
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: ranks interleaved within an epoch (1: contiguous blocks)
 
 
 class EpochPlan:
     """Maps (epoch, batch) of one rank to (shard, sequence) pairs. Cheap to pickle to workers."""
 
     def __init__(self, counts: list[int], *, seed: int, rank: int, world_size: int,
-                 batch_size: int):
+                 batch_size: int, global_batch: int = 0):
         self.counts = np.asarray(counts, dtype=np.int64)
         self.seed, self.rank, self.world_size, self.batch_size = seed, rank, world_size, batch_size
-        self.per_rank = int(self.counts.sum()) // world_size
-        self.batches_per_epoch = self.per_rank // batch_size
+        self.stride = world_size * batch_size  # sequences per batch over all ranks
+        self.global_batch = global_batch or self.stride
+        if self.global_batch % self.stride:
+            raise ValueError(f"global batch {self.global_batch} is not a multiple of world_size x batch_size "
+                             f"= {world_size} x {batch_size}")
+        used = int(self.counts.sum()) // self.global_batch * self.global_batch
+        self.batches_per_epoch = used // self.stride
         self._epoch = None
         self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
 
@@ -91,7 +101,7 @@ class EpochPlan:
         """Shard indices and in-shard sequence indices of batch ``g`` of this rank."""
         epoch, j = divmod(g, self.batches_per_epoch)
         self._set_epoch(epoch)
-        first = self.rank * self.per_rank + j * self.batch_size
+        first = j * self.stride + self.rank * self.batch_size
         pos = np.arange(first, first + self.batch_size)
         k = np.searchsorted(self._ends, pos, side="right")
         shards = self._order[k]
@@ -194,7 +204,7 @@ class TokenLoader:
     def __init__(self, path, *, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 2, seed: int = 0, pin_memory: bool = False,
                  prefetch_factor: int = 4, vocab_size: int | None = None,
-                 skip_bad_shards: bool = False, timeout_s: float = 0):
+                 skip_bad_shards: bool = False, timeout_s: float = 0, global_batch_size: int = 0):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, world_size={world_size})")
         if batch_size < 1 or num_workers < 0:
@@ -206,10 +216,10 @@ class TokenLoader:
         shards = [s for s in self.meta.shards if s.file not in self.skipped_shards]
         self._files = [s.file for s in shards]
         self.plan = EpochPlan([s.sequences for s in shards], seed=seed, rank=rank,
-                              world_size=world_size, batch_size=batch_size)
+                              world_size=world_size, batch_size=batch_size, global_batch=global_batch_size)
         if self.plan.batches_per_epoch < 1:
             raise DatasetError(f"dataset {self.meta.path} has {self.plan.counts.sum()} sequences, "
-                               f"fewer than world_size x batch_size = {world_size} x {batch_size}")
+                               f"fewer than one global batch ({self.plan.global_batch})")
         self.rank, self.world_size, self.batch_size, self.seed = rank, world_size, batch_size, seed
         self.num_workers, self.pin_memory, self.prefetch_factor = num_workers, pin_memory, prefetch_factor
         # With workers: a batch that takes longer than this (a stalled file system read) raises in
@@ -267,7 +277,8 @@ class TokenLoader:
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "batches": self._next, "seed": self.seed,
                 "world_size": self.world_size, "batch_size": self.batch_size,
-                "seq_len": self.meta.seq_len, "dataset": self._fingerprint}
+                "global_batch": self.plan.global_batch, "seq_len": self.meta.seq_len,
+                "dataset": self._fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after ``state["batches"]`` batches; refuse a state from a different setup."""
@@ -276,10 +287,16 @@ class TokenLoader:
                              f"expected {STATE_VERSION}")
         mine = self.state_dict()
         diff = [f"{k}: checkpoint {state.get(k)!r}, now {mine[k]!r}"
-                for k in ("seed", "world_size", "batch_size", "seq_len", "dataset")
+                for k in ("seed", "global_batch", "seq_len", "dataset")
                 if state.get(k) != mine[k]]
         if diff:
             raise ValueError("cannot resume the data loader, the data order would change: "
                              + "; ".join(diff))
-        self._next = int(state["batches"])
+        consumed = int(state["batches"]) * state["world_size"] * state["batch_size"]
+        if consumed % self.plan.stride:
+            raise ValueError(f"cannot resume the data loader: {consumed} sequences were consumed, not a whole "
+                             f"number of batches of world_size x batch_size = {self.world_size} x "
+                             f"{self.batch_size}; resume with the saved layout ({state['world_size']} x "
+                             f"{state['batch_size']})")
+        self._next = consumed // self.plan.stride
 

@@ -9,6 +9,9 @@ Layout of a model's checkpoint directory::
 A checkpoint counts only once it is complete: DCP writes ``.metadata`` after every rank's data,
 then rank 0 writes ``train_meta.json`` (what the checkpoint holds) and only then replaces
 ``latest`` atomically. A folder newer than ``latest`` is an unfinished save and is ignored.
+Resuming never silently starts again: if ``latest`` exists and no checkpoint loads, the run
+stops (``NothingLoadable``) naming each one and why; skipped newer ones are moved aside, never
+deleted.
 
 At most one save is in flight: the state is copied to CPU memory (the only time training
 waits), written by a background thread, and the next save first waits for the previous one.
@@ -58,6 +61,10 @@ class CheckpointMismatch(RuntimeError):
 
 class NoRoomForCheckpoint(RuntimeError):
     """The final checkpoint does not fit on the checkpoint file system."""
+
+
+class NothingLoadable(RuntimeError):
+    """``latest`` names a checkpoint but none loads: stop rather than start again from step 0."""
 
 
 class Checkpointer:
@@ -190,36 +197,69 @@ class Checkpointer:
         path = self.step_dir(step)
         return (path / ".metadata").is_file() and (path / META).is_file()
 
-    def load(self, state: dict) -> int | None:
-        """Load the newest loadable checkpoint into ``state`` in place; its step, or None (fresh start).
+    def load(self, state) -> int | None:
+        """Load the newest loadable checkpoint into a state dict in place; its step, or None (no checkpoint).
+
+        ``state`` is the dict to fill, or a function of the checkpoint's ``train_meta.json`` that
+        builds it (what a resume on another world size loads differs). A newer checkpoint that
+        cannot be used is skipped with a warning and moved aside to ``unreadable_step_*`` (kept for
+        inspection, never loaded, pruned or overwritten by a later save). If ``latest`` exists and
+        nothing loads, ``NothingLoadable`` names every checkpoint and why: the run must not quietly
+        start again from step 0 and then prune good checkpoints it could not read.
 
         Every rank reaches the same answer: DCP raises on every rank if any rank fails to read.
         """
         latest = self.latest_step()
         if latest < 0:
+            complete = [s for s in self.steps() if self.is_complete(s)]
+            if complete:
+                raise NothingLoadable(
+                    f"{self.dir} holds complete checkpoints ({', '.join(self.step_dir(s).name for s in complete)}) "
+                    f"but no readable '{LATEST}' pointer; write the newest one's name into {self.dir / LATEST} "
+                    f"to resume from it, or move the folders away to start again")
             log.info("no checkpoint in %s: starting from step 0", self.dir)
             return None
+        failures: list[tuple[int, str]] = []
         for step in reversed([s for s in self.steps() if s <= latest]):
             path = self.step_dir(step)
-            if not self.is_complete(step):
-                log.warning("checkpoint %s is incomplete (no .metadata or %s); trying the previous one", path, META)
-                continue
             saved = self._read_meta(step)
-            if saved is None:
-                log.warning("checkpoint %s has an unreadable %s; trying the previous one", path, META)
-                continue
-            self._check_identity(step, saved)
-            try:
-                dcp.load(state, checkpoint_id=path, process_group=self.d.checkpoint_group)
-            # DCP reports a failed read on any rank as CheckpointException (a BaseException) on every rank.
-            except (Exception, dcp.CheckpointException) as exc:
-                log.warning("checkpoint %s could not be read (%s: %s); trying the previous one",
-                            path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            if not self.is_complete(step):
+                why = f"is incomplete (no .metadata or {META})"
+            elif saved is None:
+                why = f"has an unreadable {META}"
+            else:
+                self._check_identity(step, saved)
+                try:
+                    dcp.load(state(saved) if callable(state) else state, checkpoint_id=path,
+                             process_group=self.d.checkpoint_group)
+                    why = ""
+                # DCP reports a failed read on any rank as CheckpointException (a BaseException) on every rank.
+                except (Exception, dcp.CheckpointException) as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    why = f"could not be read ({type(exc).__name__}: {first})"
+            if why:
+                log.warning("checkpoint %s %s; trying the previous one", path, why)
+                failures.append((step, why))
                 continue
             log.info("resumed from %s", path)
+            self._set_aside([s for s, _ in failures])
             return step
-        log.warning("no readable checkpoint in %s (latest names step %d): starting from step 0", self.dir, latest)
-        return None
+        detail = "; ".join(f"{self.step_dir(s).name}: {why}" for s, why in failures) or "no step folders"
+        raise NothingLoadable(
+            f"'{LATEST}' in {self.dir} names step {latest} but no checkpoint loads ({detail}). Nothing was "
+            f"changed. Fix or restore a checkpoint (e.g. from the S3 backup), or move the folder away to "
+            f"start again from step 0")
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Rename skipped newer checkpoints so a later save of the same step does not overwrite them."""
+        dist.barrier(group=self.d.checkpoint_group)  # every rank has finished reading before renames
+        if not self.d.is_main:
+            return
+        for step in steps:
+            path = self.step_dir(step)
+            aside = self.dir / f"unreadable_{path.name}_{time.strftime('%Y%m%dT%H%M%S')}"
+            path.rename(aside)
+            log.warning("moved the unusable checkpoint %s to %s", path, aside.name)
 
     def _read_meta(self, step: int) -> dict | None:
         try:
@@ -232,7 +272,7 @@ class Checkpointer:
         if diff:
             detail = "; ".join(f"{k}: checkpoint has {a!r}, config has {b!r}" for k, (a, b) in diff.items())
             raise CheckpointMismatch(
-                f"checkpoint {self.step_dir(step)} was written for a different model ({detail}). "
+                f"checkpoint {self.step_dir(step)} was written for a different model or data order ({detail}). "
                 f"Use a new checkpoint.dir (or model name) for this model, or set the config back."
             )
 

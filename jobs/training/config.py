@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -70,8 +70,16 @@ class TrainConfig(_Section):
     steps: int = Field(1000, gt=0, description="optimizer steps in the whole run")
     global_batch_size: int = Field(64, gt=0, description="sequences per optimizer step, over all ranks")
     micro_batch_size: int = Field(4, gt=0, description="sequences per rank per forward/backward")
-    parallelism: Literal["ddp", "fsdp"] = Field("fsdp", description="ddp or fsdp")
+    parallelism: Literal["ddp", "fsdp", "hsdp"] = Field(
+        "fsdp", description="ddp, fsdp (shard over all data-parallel ranks) or hsdp (shard within hsdp_shard_size "
+        "ranks, replicate across them)")
+    hsdp_shard_size: int = Field(8, gt=0, description="hsdp: data-parallel ranks one model copy is sharded over")
+    tensor_parallel: int = Field(1, gt=0, description="tensor-parallel ranks per model copy (within a node; fsdp/hsdp)")
+    grad_reduce: Literal["every_micro_batch", "last_micro_batch"] = Field(
+        "every_micro_batch", description="fsdp/hsdp: reduce-scatter gradients after every micro-batch, or keep "
+        "unsharded fp32 gradients (4 B x parameters per GPU) and reduce once per step; ddp always reduces once")
     activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
+    compile: Optional[bool] = Field(None, description="torch.compile each decoder layer; default: on GPU, off on CPU")
     seed: int = Field(0, description="weight-initialization seed")
     init_timeout_s: int = Field(300, gt=0, description="collective timeout until the first step is done (start-up)")
     timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
@@ -121,17 +129,36 @@ class Config(_Section):
                 f"train.global_batch_size {self.train.global_batch_size} is not a multiple of "
                 f"train.micro_batch_size {self.train.micro_batch_size}"
             )
+        tp = self.train.tensor_parallel
+        if tp > 1:
+            if self.train.parallelism == "ddp":
+                raise ValueError("train.tensor_parallel > 1 needs train.parallelism fsdp or hsdp; ddp replicates whole layers")
+            preset = PRESETS[self.model.preset]
+            for what, n in (("heads", preset.heads), ("key/value heads", preset.kv_heads or preset.heads),
+                            ("FFN size", preset.ffn_size)):
+                if n % tp:
+                    raise ValueError(f"train.tensor_parallel {tp} does not divide preset {self.model.preset}'s "
+                                     f"{what} ({n}); use a divisor of it (e.g. 2, 4 or 8)")
         return self
 
     def to_dict(self) -> dict:
         return self.model_dump()
 
     def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches per step; the tensor-parallel ranks of a model copy share each micro-batch."""
+        tp = self.train.tensor_parallel
+        if world_size % tp:
+            raise ConfigError(f"train.tensor_parallel {tp} does not divide the world size {world_size}; "
+                              f"use a divisor of the GPUs per node (8)")
+        if self.train.parallelism == "hsdp" and (world_size // tp) % self.train.hsdp_shard_size:
+            raise ConfigError(f"train.hsdp_shard_size {self.train.hsdp_shard_size} does not divide the "
+                              f"{world_size // tp} data-parallel ranks; use a divisor of it")
+        world_size //= tp
         per_step = self.train.micro_batch_size * world_size
         if self.train.global_batch_size % per_step:
             raise ConfigError(
                 f"train.global_batch_size {self.train.global_batch_size} is not a multiple of "
-                f"train.micro_batch_size x world size = {self.train.micro_batch_size} x {world_size}; "
+                f"train.micro_batch_size x data-parallel ranks = {self.train.micro_batch_size} x {world_size}; "
                 f"use a multiple of {per_step}"
             )
         return self.train.global_batch_size // per_step

@@ -1,4 +1,4 @@
-"""torch.distributed set-up and data-parallel wrapping; the model never knows how it is parallelized.
+"""torch.distributed set-up and parallel wrapping (FSDP2/HSDP/DDP x tensor parallel); the model never knows.
 
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK. GPUs use NCCL for training collectives; CPU runs use
 gloo. Two extra gloo groups keep small CPU-side traffic off the training group: one for the
@@ -16,7 +16,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -84,23 +88,114 @@ def mean_over_ranks(value: float, d: Dist) -> float:
     return t.item() / d.world_size
 
 
-def parallelize(model: nn.Module, mode: str, d: Dist) -> nn.Module:
-    """FSDP2 (each decoder layer, then the root) or DDP. Call on the meta-device model for FSDP."""
-    if mode == "fsdp":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if d.on_gpu else None
-        kwargs = {"mp_policy": mp} if mp else {}
-        for layer in model.model.layers:
-            fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
-        return model
-    return DistributedDataParallel(model, device_ids=[d.device.index] if d.on_gpu else None)
+def device_mesh(d: Dist, train) -> DeviceMesh | None:
+    """The ranks' layout for FSDP/HSDP (None for DDP), named dimensions, row-major.
+
+    ``tp`` is the last (fastest) dimension, so one model copy's tensor-parallel ranks are
+    neighbours: the GPUs of one node, linked by NVLink. ``dp_shard`` shards parameters, gradients
+    and optimizer state (FSDP2); with HSDP, ``dp_replicate`` holds whole copies of those shards
+    (one all-reduce of the shard per step instead of a world-wide reduce-scatter).
+    """
+    if train.parallelism == "ddp":
+        return None
+    tp, dp = train.tensor_parallel, d.world_size // train.tensor_parallel
+    shape, names = [dp], ["dp_shard"]
+    if train.parallelism == "hsdp":
+        shape, names = [dp // train.hsdp_shard_size, train.hsdp_shard_size], ["dp_replicate", "dp_shard"]
+    if tp > 1:
+        shape, names = [*shape, tp], [*names, "tp"]
+    return init_device_mesh(d.device.type, tuple(shape), mesh_dim_names=tuple(names))
 
 
-def gradient_sync(model: nn.Module, enabled: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch of an accumulation."""
+def data_parallel_rank(d: Dist, tensor_parallel: int) -> tuple[int, int]:
+    """(rank, size) among the model copies: the ranks of one tensor-parallel group read the same data."""
+    return d.rank // tensor_parallel, d.world_size // tensor_parallel
+
+
+# Megatron's layout for a Llama block, in torchtitan's form: column-parallel Q/K/V and gate/up
+# (each rank computes its heads / FFN slice), row-parallel output projections (one all-reduce of
+# the block's output each). Norms and embeddings stay whole on every tensor-parallel rank.
+TP_PLAN = {
+    "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+    "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+    "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
+}
+
+
+def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
+                mixed_precision: bool | None = None, compile: bool | None = None) -> nn.Module:
+    """Apply tensor parallelism, activation checkpointing, torch.compile, then FSDP2/HSDP or DDP.
+
+    torchtitan's order. Call on the meta-device model for FSDP/HSDP (then ``init_weights``); DDP
+    wants the initialized model. ``mixed_precision`` (default: on GPU) gives FSDP bf16 parameters
+    and compute with fp32 gradient reduction; the dry run forces it on to model the GPU job.
+    ``compile`` (default: ``train.compile``, else on GPU only) compiles each decoder layer.
+    """
+    mixed_precision = d.on_gpu if mixed_precision is None else mixed_precision
+    compile = (train.compile if train.compile is not None else d.on_gpu) if compile is None else compile
+    layers = model.model.layers
+    if train.tensor_parallel > 1:
+        for layer in layers:
+            parallelize_module(layer, mesh["tp"], TP_PLAN)
+    for i, layer in enumerate(layers):
+        if compile:
+            # The layer's own forward, so FSDP's and the checkpoint wrapper's hooks stay outside the
+            # graph and state-dict keys do not change.
+            layer.forward = torch.compile(layer.forward)
+        if train.activation_checkpointing:
+            layers[i] = checkpoint_wrapper(layer)
+    if train.parallelism == "ddp":
+        return DistributedDataParallel(model, device_ids=[d.device.index] if d.on_gpu else None)
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if train.parallelism == "hsdp" else mesh["dp_shard"]
+    kwargs = {"mesh": dp_mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip all gradients to a total L2 norm of ``max_norm``; returns the norm (a plain tensor).
+
+    Parameters may live on different device meshes (FSDP x tensor parallel: matrices on both,
+    norms and embeddings on the data-parallel mesh only), which one foreach norm cannot mix: the
+    norm is taken per mesh and combined.
+    """
+    by_mesh: dict = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(key, []).append(p)
+    squares = []
+    for params in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
+    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+    for params in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def gradient_sync(model: nn.Module, last_micro_batch: bool, grad_reduce: str):
+    """Whether this micro-batch's backward reduces gradients across ranks.
+
+    DDP: only the last (``no_sync`` before it): its gradients are whole on every rank anyway.
+    FSDP2/HSDP with ``every_micro_batch`` (the default): every backward reduce-scatters, so each
+    rank holds only its gradient shard. ``last_micro_batch`` skips the reduce-scatter until the
+    last micro-batch, and FSDP keeps every parameter's *unsharded* gradient in fp32 (the reduce
+    dtype) until then: 4 bytes x all parameters per GPU whatever the world size (257 GiB for 70B).
+    It saves (accumulation - 1) reduce-scatters per step: only where the dry run shows it fits.
+    HSDP reduce-scatters within its shard group every micro-batch and all-reduces across the groups
+    (nodes) only on the last.
+    """
     if isinstance(model, DistributedDataParallel):
-        return contextlib.nullcontext() if enabled else model.no_sync()
-    model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext() if last_micro_batch else model.no_sync()
+    model.set_requires_gradient_sync(last_micro_batch or grad_reduce == "every_micro_batch")
+    # HSDP: the reduce-scatter stays inside the shard group (a node: NVLink) every micro-batch; the
+    # all-reduce of the shards across nodes waits for the last one (fp32 shards: 4 B x params / shard).
+    model.set_requires_all_reduce(last_micro_batch)
     return contextlib.nullcontext()
 
 

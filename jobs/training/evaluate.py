@@ -32,8 +32,9 @@ class Evaluator:
             raise DatasetError(f"eval.every is {cfg.eval.every} but there is no validation split: {exc}. Tokenize "
                                "with --val-fraction (jobs/preprocess.sh: VAL_FRACTION), point eval.path at one, "
                                "or set eval.every=0") from None
+        dp_rank, dp_size = distributed.data_parallel_rank(d, cfg.train.tensor_parallel)  # a TP group reads alike
         self.loader = TokenLoader(cfg.eval.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,
-                                  rank=d.rank, world_size=d.world_size, num_workers=0, seed=cfg.data.seed,
+                                  rank=dp_rank, world_size=dp_size, num_workers=0, seed=cfg.data.seed,
                                   pin_memory=d.on_gpu, vocab_size=vocab_size)
         share = self.loader.batches_per_epoch  # the same on every rank: the loader splits evenly
         self.batches = min(cfg.eval.batches, share) if cfg.eval.batches else share

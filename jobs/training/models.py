@@ -7,10 +7,15 @@ and initializes whatever part a rank holds after sharding.
 
 from __future__ import annotations
 
+import math
+import zlib
+
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from .presets import PRESETS, Preset  # noqa: F401 (the table lives in presets.py, torch-free for the planner)
 
@@ -37,20 +42,57 @@ def build_model(config: LlamaConfig) -> LlamaForCausalLM:
         return LlamaForCausalLM(config)
 
 
+# Residual output projections: each block adds their output to the residual stream, whose variance
+# then grows with depth; GPT-2 and torchtitan scale their init by 1/sqrt(2 x layers) (2 per block).
+RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
 @torch.no_grad()
-def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, seed: int) -> None:
-    """Allocate on ``device`` and initialize (normal(0, 0.02) weights, unit norms), seeded."""
+def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, seed: int,
+                 *, sharded_rng: bool | None = None) -> None:
+    """Allocate on ``device`` and initialize, seeded; every layout gets the same model.
+
+    Matrices ~ normal(0, 0.02), the residual output projections (``RESIDUAL_OUTPUTS``) ~
+    normal(0, 0.02 / sqrt(2 x layers)), norms 1. ``sharded_rng`` (default: on CUDA) draws each
+    sharded parameter with DTensor's random ops, whose CUDA RNG tracker gives every shard its own
+    slice of one seeded stream. Elsewhere (CPU: DTensor has no RNG tracker) each parameter is drawn
+    whole from a generator seeded by (seed, its name) and each rank keeps its slice: the same
+    values for DDP, FSDP and tensor parallel at any world size, which the layout tests rely on.
+    """
     model.to_empty(device=device)
-    torch.manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=config.initializer_range)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, LlamaRMSNorm):
-            nn.init.ones_(module.weight)
+    sharded_rng = device.type == "cuda" if sharded_rng is None else sharded_rng
+    torch.manual_seed(seed)  # the RNG tracker's seed: equal on every rank
+    std = config.initializer_range
+    for name, param in model.named_parameters():
+        name = canonical_name(name)
+        if param.dim() < 2:  # RMSNorm gains
+            param.fill_(1.0)
+            continue
+        sigma = std / math.sqrt(2 * config.num_hidden_layers) if name.endswith(RESIDUAL_OUTPUTS) else std
+        if sharded_rng:
+            param.normal_(0.0, sigma)
+        else:
+            _normal_by_name(param, sigma, seed, name)
     # Rotary frequencies are a computed buffer, left as garbage by to_empty: compute them again.
     model.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)
+
+
+def canonical_name(name: str) -> str:
+    """Parameter name without the wrappers' parts (DDP, activation checkpointing, torch.compile)."""
+    for part in ("module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(part, "")
+    return name
+
+
+def _normal_by_name(param: torch.Tensor, sigma: float, seed: int, name: str) -> None:
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    full = torch.empty(param.shape, dtype=param.dtype).normal_(0.0, sigma, generator=generator)
+    if isinstance(param, DTensor):
+        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        full = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+        param.to_local().copy_(full)
+    else:
+        param.copy_(full)
 
 
 def count_parameters(config: LlamaConfig) -> tuple[int, int]:

@@ -46,6 +46,8 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # For CPU runs, tests and the local cluster.
     "tiny": Preset(layers=2, hidden=64, heads=4, ffn=192),
+    # A multi-layer model still quick on CPU: checks the dry run's memory estimate against a real run.
+    "small": Preset(layers=8, hidden=512, heads=8, ffn=1408),
     # The seed's scaling table (named by its nominal size).
     "1.7b": Preset(24, 2304, 24),
     "3.6b": Preset(30, 3072, 32),

@@ -10,6 +10,7 @@ the last finished step was saved), which the batch script uses to back up or req
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -24,10 +25,9 @@ from atomic_file import write_atomic
 from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint
+from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
 from .evaluate import Evaluator
 from .metrics import Metrics
@@ -42,6 +42,32 @@ log = logging.getLogger("training")
 def train(cfg: Config, d: distributed.Dist) -> str:
     """Run until ``train.steps`` or a stop request; returns the final status."""
     return Trainer(cfg, d).train()
+
+
+def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precision: bool | None = None,
+          sharded_rng: bool | None = None, allocating=contextlib.nullcontext()):
+    """The parallelized, initialized model and its optimizer, as every rank of the job builds them.
+
+    Shared with the dry run (``training.dry_run``), which forces the GPU choices on a CPU and
+    allocates inside its fake-tensor mode (``allocating``); wrapping works on the meta device.
+    """
+    model = build_model(model_config)
+    if cfg.train.parallelism == "ddp":
+        with allocating:
+            init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+            model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
+            return model, build_optimizer(model, cfg.optim)
+    # Shard first, so each rank allocates only its shard.
+    model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
+    with allocating:
+        init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+        return model, build_optimizer(model, cfg.optim)
+
+
+def compute_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of one micro-batch (fp32 logits)."""
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
 class Trainer:
@@ -65,26 +91,20 @@ class Trainer:
         check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)
         model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
         total_params, _ = count_parameters(model_config)
-        log.info("model %s: %.3gM parameters, vocab %d, %s over %d ranks on %s", cfg.model.preset, total_params / 1e6,
-                 vocab_size, cfg.train.parallelism, d.world_size, d.device)
+        log.info("model %s: %.3gM parameters, vocab %d, %s x tensor parallel %d over %d ranks on %s", cfg.model.preset,
+                 total_params / 1e6, vocab_size, cfg.train.parallelism, cfg.train.tensor_parallel, d.world_size, d.device)
 
-        model = build_model(model_config)
-        if cfg.train.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if cfg.train.parallelism == "fsdp":  # shard first, so each rank allocates only its shard
-            model = distributed.parallelize(model, "fsdp", d)
-            init_weights(model, model_config, d.device, cfg.train.seed)
-        else:
-            init_weights(model, model_config, d.device, cfg.train.seed)
-            model = distributed.parallelize(model, "ddp", d)
-        self.model = model
-        self.optimizer = build_optimizer(model, cfg.optim)
+        self.mesh = distributed.device_mesh(d, cfg.train)
+        self.model, self.optimizer = build(cfg, model_config, d, self.mesh)
         self.accum = cfg.grad_accum_steps(d.world_size)
+        dp_rank, dp_size = distributed.data_parallel_rank(d, cfg.train.tensor_parallel)
         self.loader = TokenLoader(cfg.data.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,
-                                  rank=d.rank, world_size=d.world_size, num_workers=cfg.data.num_workers,
+                                  rank=dp_rank, world_size=dp_size, num_workers=cfg.data.num_workers,
                                   seed=cfg.data.seed, pin_memory=d.on_gpu, vocab_size=vocab_size,
-                                  timeout_s=cfg.data.timeout_s)
+                                  timeout_s=cfg.data.timeout_s, global_batch_size=cfg.train.global_batch_size)
+        # What must match to resume: the model's shape, and the global batch (the data order depends on it).
         identity = {"preset": cfg.model.preset, "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
+                    "global_batch_size": cfg.train.global_batch_size,
                     "layers": model_config.num_hidden_layers, "hidden": model_config.hidden_size}
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity)
@@ -114,8 +134,6 @@ class Trainer:
             stopping = distributed.any_rank(self.stop.requested, d)
             last = self.step == cfg.train.steps or stopping
             if self.step % cfg.log.interval == 0 or last:
-                if isinstance(grad_norm, DTensor):
-                    grad_norm = grad_norm.full_tensor()
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item())
             if self.evaluator and self.evaluator.due(self.step):
@@ -154,7 +172,7 @@ class Trainer:
             data_wait += self.metrics.clock() - wait_start
             samples = zlib.crc32(batch["input_ids"].numpy().tobytes(), samples)  # which data this rank saw
             loss_sum += self.forward_backward(batch, sync_grads=micro == self.accum - 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        grad_norm = distributed.clip_grad_norm(self.model, self.cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -165,37 +183,66 @@ class Trainer:
         """Loss of one micro-batch (already divided by ``accum``), gradients accumulated into the model."""
         inputs = batch["input_ids"].to(self.d.device, non_blocking=True)
         labels = batch["labels"].to(self.d.device, non_blocking=True)
-        with distributed.gradient_sync(self.model, sync_grads), distributed.autocast(self.d, self.cfg.train.parallelism):
-            logits = self.model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / self.accum
+        with (distributed.gradient_sync(self.model, sync_grads, self.cfg.train.grad_reduce),
+              distributed.autocast(self.d, self.cfg.train.parallelism)):
+            loss = compute_loss(self.model, inputs, labels) / self.accum
             loss.backward()
         return loss.detach()
 
-    def app_state(self) -> dict:
-        """Everything a resume needs. Per-rank items (RNG, loader position) live under a per-rank key."""
+    def app_state(self, rank_keys: tuple[int, ...] | None = None) -> dict:
+        """Everything a resume needs. Per-rank items (RNG, loader position) live under per-rank keys.
+
+        ``rank_keys``: whose per-rank items to load (default: this rank's own).
+        """
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        rng = {"cpu": torch.get_rng_state()}
-        if self.d.on_gpu:
-            rng["cuda"] = torch.cuda.get_rng_state(self.d.device)
-        return {"model": model_state, "optim": optim_state, "step": self.step,
-                f"rank{self.d.rank}": {"rng": rng, "loader": self.loader.state_dict()}}
+        state = {"model": model_state, "optim": optim_state, "step": self.step}
+        for r in rank_keys if rank_keys is not None else (self.d.rank,):
+            rng = {"cpu": torch.get_rng_state()}
+            if self.d.on_gpu:
+                rng["cuda"] = torch.cuda.get_rng_state(self.d.device)
+            state[f"rank{r}"] = {"rng": rng, "loader": self.loader.state_dict()}
+        return state
 
     def _resume(self) -> int:
-        """Load the newest loadable checkpoint; the step to continue from (0: a fresh start)."""
+        """Load the newest loadable checkpoint; the step to continue from (0: no checkpoint).
+
+        On the world size it was saved at, every rank loads its own RNG and loader position. On
+        another world size, DCP reshards model and optimizer state to the new layout, every rank
+        reads rank 0's loader position (all ranks have consumed the same number of steps) and the
+        loader maps it to its own place in the data order; RNG states do not carry over (training
+        draws no random numbers after initialization).
+        """
         self.step = 0
-        if self.ckpt.latest_step() < 0:  # building the state initializes optimizer moments: only when resuming
+        if self.ckpt.latest_step() < 0 and not self.ckpt.steps():
+            # building the state initializes optimizer moments: only when there is something to load
             log.info("no checkpoint in %s: starting from step 0", self.ckpt.dir)
             return 0
-        state = self.app_state()
-        if self.ckpt.load(state) is None:
-            self.optimizer = build_optimizer(self.model, self.cfg.optim)  # discard the moments the attempt initialized
+        loaded: dict = {}
+
+        def state_for(meta: dict) -> dict:
+            same_world = meta.get("world_size") == self.d.world_size
+            loaded["same_world"], loaded["saved_world"] = same_world, meta.get("world_size")
+            loaded["state"] = self.app_state(None if same_world else (0,))
+            return loaded["state"]
+
+        if self.ckpt.load(state_for) is None:  # raises NothingLoadable rather than start again
+            self.optimizer = build_optimizer(self.model, self.cfg.optim)  # discard initialized moments
             return 0
+        state = loaded["state"]
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        mine = state[f"rank{self.d.rank}"]
-        torch.set_rng_state(mine["rng"]["cpu"])
-        if self.d.on_gpu:
-            torch.cuda.set_rng_state(mine["rng"]["cuda"], self.d.device)
-        self.loader.load_state_dict(mine["loader"])
+        if loaded["same_world"]:
+            mine = state[f"rank{self.d.rank}"]
+            torch.set_rng_state(mine["rng"]["cpu"])
+            if self.d.on_gpu:
+                torch.cuda.set_rng_state(mine["rng"]["cuda"], self.d.device)
+        else:
+            mine = state["rank0"]
+            log.warning("resuming on %d ranks from a checkpoint of %s ranks: model and optimizer resharded, "
+                        "data position remapped", self.d.world_size, loaded["saved_world"])
+        try:
+            self.loader.load_state_dict(mine["loader"])
+        except ValueError as exc:
+            raise CheckpointMismatch(f"{exc}") from None
         return int(state["step"])
 
 
@@ -217,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     try:
         train(cfg, d)
-    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint) as exc:  # bad input: exit 2 (docs/cli.md)
+    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable) as exc:  # bad input: exit 2 (docs/cli.md)
         _report_user_error(str(exc))
         if d.is_main:
             return fail(exc)

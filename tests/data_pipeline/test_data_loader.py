@@ -112,10 +112,48 @@ def test_resume_reads_only_the_batches_it_delivers(dp_dataset, monkeypatch):
     assert len(reads) == 2 * 4  # one read per delivered sequence, nothing replayed
 
 
-def test_state_from_another_setup_is_refused(dp_dataset):
+def test_state_from_another_global_batch_is_refused(dp_dataset):
     a = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, world_size=2, num_workers=0)
     b = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, world_size=4, num_workers=0)
-    with pytest.raises(ValueError, match="world_size: checkpoint 2, now 4"):
+    with pytest.raises(ValueError, match="global_batch: checkpoint 8, now 16"):
+        b.load_state_dict(a.state_dict())
+
+
+def step_rows(dp_dataset, world: int, bs: int, global_batch: int, steps: int, start: dict | None = None):
+    """The sequences each optimizer step consumes over all ranks (a set per step), and rank 0's state."""
+    accum = global_batch // (world * bs)
+    loaders = [TokenLoader(dp_dataset.path, batch_size=bs, seq_len=SEQ_LEN, rank=r, world_size=world,
+                           num_workers=0, seed=5, global_batch_size=global_batch) for r in range(world)]
+    for loader in loaders:
+        if start is not None:
+            loader.load_state_dict(start)
+    per_rank = [rows(take(loader, steps * accum)) for loader in loaders]
+    per_step = [set().union(*(rank[i * accum * bs:(i + 1) * accum * bs] for rank in per_rank)) for i in range(steps)]
+    return per_step, loaders[0].state_dict()
+
+
+@pytest.mark.parametrize("before, after", [((2, 4), (4, 2)), ((4, 2), (2, 4)), ((2, 4), (1, 8))])
+def test_resume_on_another_world_size_consumes_the_same_sequences_per_step(dp_dataset, before, after):
+    """Global batch 16: 2 ranks x 4 x 2 micro-batches -> 4 ranks x 2 (and back, and 1 rank x 8 x 2)."""
+    global_batch = 16
+    per_epoch = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, world_size=4, num_workers=0,
+                            global_batch_size=global_batch).batches_per_epoch  # optimizer steps per epoch
+    steps, stop = per_epoch + 3, per_epoch - 2  # the change of world size falls before an epoch boundary
+    uninterrupted, _ = step_rows(dp_dataset, *before, global_batch, steps)
+    first, state = step_rows(dp_dataset, *before, global_batch, stop)
+    state = json.loads(json.dumps(state))  # goes through a checkpoint
+    resumed, _ = step_rows(dp_dataset, *after, global_batch, steps - stop, start=state)
+    assert first + resumed == uninterrupted
+    assert all(len(s) == global_batch for s in uninterrupted)  # nothing read twice within a step
+
+
+def test_position_between_batches_of_the_new_layout_is_refused(dp_dataset):
+    a = TokenLoader(dp_dataset.path, batch_size=2, seq_len=SEQ_LEN, world_size=2, num_workers=0,
+                    global_batch_size=8)
+    take(a, 1)  # mid-step: 4 sequences consumed; 2 ranks x 4 would need a multiple of 8
+    b = TokenLoader(dp_dataset.path, batch_size=4, seq_len=SEQ_LEN, world_size=2, num_workers=0,
+                    global_batch_size=8)
+    with pytest.raises(ValueError, match="4 sequences were consumed, not a whole number of batches"):
         b.load_state_dict(a.state_dict())
 
 

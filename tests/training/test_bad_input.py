@@ -41,11 +41,11 @@ def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_da
     meta_file.write_text(json.dumps({**meta, "preset": "llama2-7b", "hidden": 4096, "layers": 32}))
 
     assert run.run(tiny_data, "train.steps=6", "optim.warmup_steps=1", nproc=1) != 0
-    assert "was written for a different model (preset: checkpoint has 'llama2-7b', config has 'tiny'" in run.output
+    assert "was written for a different model or data order (preset: checkpoint has 'llama2-7b', config has 'tiny'" in run.output
     assert "Use a new checkpoint.dir" in run.output
 
 
-@pytest.mark.parametrize("override, message", [("train.parallelism=tp", "train.parallelism: Input should be 'ddp' or 'fsdp' (got 'tp')")])
+@pytest.mark.parametrize("override, message", [("train.parallelism=tp", "train.parallelism: Input should be 'ddp', 'fsdp' or 'hsdp' (got 'tp')")])
 def test_bad_setting_fails_before_any_work(run, tiny_data, override, message):
     assert run.run(tiny_data, override, nproc=1) != 0
     assert message in run.output

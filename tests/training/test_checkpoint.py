@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from training import distributed
-from training.checkpoint import CheckpointMismatch, Checkpointer
+from training.checkpoint import CheckpointMismatch, Checkpointer, NothingLoadable
 
 IDENTITY = {"preset": "tiny", "vocab_size": 512}
 
@@ -95,11 +95,48 @@ def test_corrupt_latest_falls_back_with_a_warning(tmp_path, d, caplog):
     assert "step_00000020 could not be read" in caplog.text
 
 
-def test_nothing_loadable_starts_fresh_and_says_so(tmp_path, d, caplog):
+def test_no_checkpoint_starts_fresh_and_says_so(tmp_path, d, caplog):
     ckpt = Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity=IDENTITY)
     with caplog.at_level(logging.INFO):
         assert ckpt.load(state(0.0, 0)) is None
     assert "no checkpoint in" in caplog.text and "starting from step 0" in caplog.text
+
+
+def test_nothing_loadable_stops_naming_each_checkpoint_and_changes_nothing(tmp_path, d):
+    ckpt = saved_checkpointer(tmp_path, d, [10, 20, 30])
+    (tmp_path / "step_00000030/.metadata").unlink()
+    (tmp_path / "step_00000020/train_meta.json").write_text("{not json")
+    for shard in (tmp_path / "step_00000010").glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(NothingLoadable) as err:
+        ckpt.load(state(0.0, 0))
+    message = str(err.value)
+    assert "'latest' in" in message and "names step 30 but no checkpoint loads" in message
+    assert "step_00000030: is incomplete" in message
+    assert "step_00000020: has an unreadable train_meta.json" in message
+    assert "step_00000010: could not be read" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_complete_checkpoints_without_latest_are_not_ignored(tmp_path, d):
+    ckpt = saved_checkpointer(tmp_path, d, [10])
+    (tmp_path / "latest").unlink()
+    with pytest.raises(NothingLoadable, match="holds complete checkpoints \\(step_00000010\\) but no readable 'latest'"):
+        ckpt.load(state(0.0, 0))
+
+
+def test_skipped_newer_checkpoint_is_moved_aside_not_overwritten(tmp_path, d):
+    ckpt = saved_checkpointer(tmp_path, d, [10, 20])
+    for shard in (tmp_path / "step_00000020").glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    assert load(ckpt) == (10, 10.0, 10)
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("unreadable_step_00000020_")]
+    assert len(aside) == 1 and not (tmp_path / "step_00000020").exists()
+    resumed = Checkpointer(tmp_path, keep=5, async_save=False, d=d, identity=IDENTITY)
+    resumed.save(20, state(21.0, 20))  # the resumed run reaches step 20 again: a new folder
+    resumed.close()
+    assert (tmp_path / aside[0]).is_dir() and load(ckpt) == (20, 21.0, 20)
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path, d):

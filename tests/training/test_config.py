@@ -34,8 +34,8 @@ def test_file_then_overrides_and_per_model_directories():
     (["train.stpes=5"], "unknown config key 'train.stpes'; remove it or fix the spelling (allowed here: steps, "),
     (["train.steps=many"], "train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
     (["train.steps=true"], "train.steps: expected a number, got a boolean"),
-    (["train.parallelism=zero3"], "train.parallelism: Input should be 'ddp' or 'fsdp' (got 'zero3')"),
-    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, 1.7b"),
+    (["train.parallelism=zero3"], "train.parallelism: Input should be 'ddp', 'fsdp' or 'hsdp' (got 'zero3')"),
+    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, small, 1.7b"),
     (["train.micro_batch_size=5"], "train.global_batch_size 32 is not a multiple of train.micro_batch_size 5"),
     (["optim.min_lr=1.0"], "optim.min_lr 1.0 is above optim.lr"),
     (["checkpoint.keep=0"], "checkpoint.keep: Input should be greater than 0 (got 0)"),
@@ -51,7 +51,7 @@ def test_bad_settings_name_the_field_and_the_fix(overrides, message):
 def test_grad_accumulation_needs_a_dividing_world_size():
     cfg = load_config(CONFIGS / "tiny.yaml", ["train.micro_batch_size=8"])
     assert cfg.grad_accum_steps(2) == 2
-    with pytest.raises(ConfigError, match="not a multiple of train.micro_batch_size x world size = 8 x 3"):
+    with pytest.raises(ConfigError, match="not a multiple of train.micro_batch_size x data-parallel ranks = 8 x 3"):
         cfg.grad_accum_steps(3)
 
 

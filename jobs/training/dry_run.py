@@ -1,0 +1,392 @@
+"""Production dry run: one rank of the real job, at its real world size, without GPUs or memory.
+
+    PYTHONPATH=jobs python -m training.dry_run model7 --env prod
+    PYTHONPATH=jobs python -m training.dry_run --config jobs/training/configs/model1.yaml --world-size 88
+
+The process joins PyTorch's fake process group (collectives return at once) as rank 0 of N, builds
+the model exactly as ``train.py`` does (preset, FSDP2 wrapping, tensor parallelism, mixed precision,
+activation checkpointing) inside ``FakeTensorMode`` (tensors have shapes and dtypes but no storage),
+and runs a steady-state training step (optimizer state present, gradient shards from earlier
+micro-batches present) under FSDP2's memory tracker. The peak per-GPU memory is reported by category against the GPU's memory, and any
+wrapping or config error the launch would hit is raised here first.
+
+How the GPU is modelled on a CPU:
+- Mixed precision is forced on as on a GPU: bf16 parameters and compute, fp32 gradient reduction.
+- Attention runs through PyTorch's fused flash-attention kernel (the CPU one): what it keeps for
+  backward is the output and a per-row logsumexp, linear in seq_len, as the CUDA flash and
+  memory-efficient kernels keep; its meta implementation gives the sizes. The CUDA flash backward
+  also holds an fp32 accumulator of the query gradient while it runs: added as ``attention workspace``.
+- What tensors cannot show is added as ``runtime``: CUDA context, cuBLAS workspaces and NCCL
+  buffers (``RUNTIME_GIB``, a measured-order estimate). Allocator fragmentation is what the
+  required headroom (``HEADROOM``) is for.
+
+The estimate is checked against real CPU memory (``measure_cpu``) and an analytic model of the
+production shapes in tests/training/test_dry_run.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from . import distributed
+from .config import Config, ConfigError, load_config
+from .models import llama_config
+
+GIB = 1024**3
+RUNTIME_GIB = 3.0  # CUDA context (~0.6), cuBLAS/cuDNN workspaces (~0.5), NCCL channel buffers (~1-2)
+HEADROOM = 0.15  # of the GPU's memory left free: fragmentation, spikes, what the model cannot see
+DEFAULT_VOCAB = 32000  # Llama-2's tokenizer: the production configs' vocabulary
+
+
+@dataclass
+class Report:
+    """Per-GPU memory of one rank at the step's peak, in bytes by category."""
+
+    model: str
+    preset: str
+    world_size: int
+    layout: str  # e.g. "FSDP 112" or "FSDP 14 x TP 8"
+    micro_batch_size: int
+    accumulation: int
+    activation_checkpointing: bool
+    grad_sync: str  # "every micro-batch" or "last micro-batch"
+    gpu_memory_gib: float
+    categories: dict[str, int] = field(default_factory=dict)  # at the peak; sums to ``peak_bytes``
+    seconds: float = 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.categories.values())
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def fraction(self) -> float:
+        return self.peak_gib / self.gpu_memory_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.fraction <= 1 - HEADROOM
+
+    @property
+    def other_bytes(self) -> int:
+        """Everything but parameters, gradients, optimizer state and activations."""
+        main = ("parameters", "gradients", "optimizer", "activations")
+        return sum(v for k, v in self.categories.items() if k not in main)
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "preset": self.preset, "world_size": self.world_size, "layout": self.layout,
+                "micro_batch_size": self.micro_batch_size, "accumulation": self.accumulation,
+                "activation_checkpointing": self.activation_checkpointing, "grad_sync": self.grad_sync,
+                "gpu_memory_gib": self.gpu_memory_gib, "peak_gib": round(self.peak_gib, 2),
+                "fraction": round(self.fraction, 4), "fits": self.fits,
+                "gib": {k: round(v / GIB, 2) for k, v in self.categories.items()}}
+
+    def table_row(self) -> str:
+        c = {k: v / GIB for k, v in self.categories.items()}
+        c["other"] = self.other_bytes / GIB
+        return (f"| {self.model} | {self.preset} | {self.layout} | {self.micro_batch_size} x {self.accumulation} | "
+                f"{'on' if self.activation_checkpointing else 'off'} | {c['parameters']:.1f} | {c['gradients']:.1f} | "
+                f"{c['optimizer']:.1f} | {c['activations']:.1f} | {c['other']:.1f} | **{self.peak_gib:.1f}** | "
+                f"{100 * self.fraction:.0f} % |")
+
+    def summary(self) -> str:
+        lines = [f"{self.model} ({self.preset}): {self.layout}, micro-batch {self.micro_batch_size} x "
+                 f"{self.accumulation} accumulation, activation checkpointing "
+                 f"{'on' if self.activation_checkpointing else 'off'}, gradients reduced {self.grad_sync}",
+                 f"  peak per GPU {self.peak_gib:.1f} GiB of {self.gpu_memory_gib:.0f} GiB "
+                 f"({100 * self.fraction:.0f} %, limit {100 * (1 - HEADROOM):.0f} %): "
+                 f"{'fits' if self.fits else 'DOES NOT FIT'}"]
+        for name, value in self.categories.items():
+            lines.append(f"    {name:<22} {value / GIB:8.2f} GiB")
+        lines.append(f"  ({self.seconds:.0f} s)")
+        return "\n".join(lines)
+
+
+TABLE_HEADER = ("| model | preset | layout (GPUs) | micro-batch x accumulation | act. ckpt | params GiB | grads GiB | "
+                "optimizer GiB | activations GiB | other GiB | peak GiB | of GPU |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+# FSDPMemTracker's categories, folded into the report's.
+_CATEGORY = {
+    "Sharded Param": "parameters", "Unsharded Param": "parameters", "Buffer": "parameters",
+    "Sharded Grad": "gradients", "Unsharded Grad": "gradients",
+    "OptState": "optimizer",
+    "Activation": "activations", "Inputs": "activations",
+    "Temp": "temporaries", "All Gather": "communication", "Reduce Scatter": "communication",
+}
+
+
+def fake_dist(world_size: int, rank: int = 0) -> distributed.Dist:
+    """Join the fake process group as ``rank`` of ``world_size``: collectives are no-ops."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group already exists in this process; run the dry run in its own process")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    group = dist.group.WORLD
+    return distributed.Dist(rank, world_size, rank % 8, torch.device("cpu"), group, group)
+
+
+def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, vocab_size: int = DEFAULT_VOCAB,
+            gpu: bool = True) -> Report:
+    """Peak memory of rank 0 of ``world_size`` in a steady-state step of ``cfg``'s training loop.
+
+    ``gpu``: model the GPU job (bf16 mixed precision, the CUDA init path, kernel workspace,
+    runtime); False models the same run on CPU (fp32, nothing added), which ``measure_cpu`` checks.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from .train import build, compute_loss
+
+    start = time.perf_counter()
+    accum = cfg.grad_accum_steps(world_size)
+    d = fake_dist(world_size)
+    model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
+    deferred = cfg.train.grad_reduce == "last_micro_batch" or cfg.train.parallelism == "ddp"
+    try:
+        mesh = distributed.device_mesh(d, cfg.train)  # outside fake mode: it reads real rank tensors
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=gpu, sharded_rng=True, allocating=fake)
+        with fake:
+            if cfg.train.parallelism == "ddp":
+                tracker = MemTracker()
+                tracker.track_external(model, optimizer)
+            else:
+                tracker = FSDPMemTracker(model, optimizer)
+            shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
+            _warm_up(model, optimizer, cfg)  # before tracking: see _warm_up
+            with tracker:
+                # The measured step starts mid-accumulation (gradient shards from earlier micro-batches
+                # are there, as is the optimizer state). Deferred reduction needs a second micro-batch
+                # to hold the first one's unsharded gradients.
+                micro = min(accum, 2) if deferred else 1
+                for m in range(micro):
+                    inputs = torch.randint(0, vocab_size, shape)
+                    labels = torch.randint(0, vocab_size, shape)
+                    with distributed.gradient_sync(model, m == micro - 1, cfg.train.grad_reduce):
+                        (compute_loss(model, inputs, labels) / accum).backward()
+                    tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak stays
+                distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            peak = tracker.get_tracker_snapshot("peak")
+    finally:
+        dist.destroy_process_group()
+
+    device_peak = next(iter(peak.values()))
+    categories = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations": 0,
+                  "temporaries": 0, "communication": 0}
+    for name, value in device_peak.items():
+        if name != "Total":
+            categories[_CATEGORY.get(getattr(name, "value", name), "temporaries")] += value
+    if gpu:
+        categories["attention workspace"] = _attention_workspace(model_config, cfg)
+        categories["runtime"] = int(RUNTIME_GIB * GIB)
+    tp = cfg.train.tensor_parallel
+    layout = {"ddp": "DDP", "fsdp": "FSDP", "hsdp": "HSDP"}[cfg.train.parallelism]
+    layout = f"{layout} {world_size // tp}" + (f" x TP {tp}" if tp > 1 else "")
+    if cfg.train.parallelism == "hsdp":
+        layout += f" (shards of {cfg.train.hsdp_shard_size})"
+    return Report(
+        model=cfg.name, preset=cfg.model.preset, world_size=world_size, layout=layout,
+        micro_batch_size=cfg.train.micro_batch_size, accumulation=accum,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        grad_sync="last micro-batch" if deferred else "every micro-batch", gpu_memory_gib=gpu_memory_gib,
+        categories=categories, seconds=time.perf_counter() - start)
+
+
+def _warm_up(model, optimizer, cfg: Config) -> None:
+    """One clip + optimizer step on zero gradient shards, untracked: the state of step 2 and later.
+
+    Afterwards the optimizer state and gradient shards exist (the tracker files them under their
+    categories when it starts), and DTensor's caches are warm: the first call of each DTensor
+    operation infers its output sharding by running it on fake tensors of the *global* shape,
+    which a tracker would count (4 bytes x all parameters at once, e.g. 257 GiB for 70B) although
+    no GPU ever allocates it.
+    """
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+    optimizer.step()
+
+
+def analytic_activation_bytes(model_config, micro_batch_size: int, seq_len: int) -> int:
+    """Activations kept for backward without checkpointing or tensor parallelism, counted by hand.
+
+    Per token and layer, bf16 unless noted: each RMSNorm keeps its input in fp32 and its output
+    (2 x (4h + 2h)); Q, K, V after RoPE (2h + 4kv); the attention output and o_proj's input
+    (2 x 2h); the four SwiGLU tensors (4 x 2f); the attention's logsumexp (4 x heads, fp32).
+    Plus the fp32 logits and their gradient (8 x vocab per token).
+    """
+    c = model_config
+    h, f, heads = c.hidden_size, c.intermediate_size, c.num_attention_heads
+    kv = c.num_key_value_heads * (h // heads)
+    per_token_layer = 12 * h + (2 * h + 4 * kv) + 4 * h + 8 * f + 4 * heads
+    tokens = micro_batch_size * seq_len
+    return tokens * (c.num_hidden_layers * per_token_layer + 8 * c.vocab_size)
+
+
+def _attention_workspace(model_config, cfg: Config) -> int:
+    """The CUDA flash backward's fp32 query-gradient accumulator for one layer (b x s x hidden x 4 B)."""
+    return cfg.train.micro_batch_size * cfg.data.seq_len * model_config.hidden_size * 4
+
+
+_MEASURE = r"""
+import json, os, resource, sys, torch, torch.distributed as dist
+from training import distributed
+from training.dry_run import load_model_config
+from training.models import llama_config
+from training.train import build, compute_loss
+
+args = json.loads(sys.argv[1])
+torch.manual_seed(0)
+cfg = load_model_config(args["config"], args["overrides"])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args["port"]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+d = distributed.Dist(0, 1, 0, torch.device("cpu"), dist.group.WORLD, dist.group.WORLD)
+model_config = llama_config(cfg.model.preset, args["vocab_size"], cfg.data.seq_len)
+profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+profiler.__enter__()
+model, optimizer = build(cfg, model_config, d, distributed.device_mesh(d, cfg.train), mixed_precision=False,
+                         sharded_rng=False)
+accum = cfg.grad_accum_steps(1)
+shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
+for step in range(2):
+    for m in range(accum):
+        inputs = torch.randint(0, args["vocab_size"], shape)
+        labels = torch.randint(0, args["vocab_size"], shape)
+        with distributed.gradient_sync(model, m == accum - 1, cfg.train.grad_reduce):
+            (compute_loss(model, inputs, labels) / accum).backward()
+    distributed.clip_grad_norm(model, cfg.optim.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+profiler.__exit__(None, None, None)
+# Every CPU allocator event (+bytes allocated, -bytes freed) in time order; the running sum's maximum.
+events = sorted((e.start_ns(), e.nbytes()) for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]")
+live = peak = 0
+for _, delta in events:
+    live += delta
+    peak = max(peak, live)
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"peak_bytes": peak, "max_rss_bytes": rss}))
+dist.destroy_process_group()
+"""
+
+
+def measure_cpu(config_path: str, overrides: list[str] = (), *, vocab_size: int = DEFAULT_VOCAB) -> int:
+    """Real memory of two training steps of the config on one CPU process (fp32, world size 1).
+
+    PyTorch's profiler records every allocation and free of the CPU allocator (``profile_memory``)
+    from before the model is built: the peak of their running sum is the most tensor memory that
+    was live at once, what the dry run estimates (the process's own resident memory adds the
+    interpreter, libraries and the allocator's cache on top).
+    """
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    args = json.dumps({"config": str(config_path), "overrides": list(overrides), "vocab_size": vocab_size, "port": port})
+    out = subprocess.run([sys.executable, "-c", _MEASURE, args], env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"CPU measurement failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+
+
+# GPU memory per device of the instance types a gpu_queue may use (GiB as nvidia-smi reports, rounded).
+GPU_MEMORY_GIB = {"p5e.48xlarge": 141, "p5en.48xlarge": 141, "p5.48xlarge": 80, "p4de.24xlarge": 80,
+                  "p4d.24xlarge": 40, "g5.12xlarge": 24, "g5.48xlarge": 24, "g6e.12xlarge": 48}
+
+
+def production_setup(model: str, env: str, preset: str | None = None) -> tuple[int, float]:
+    """(world size, GPU memory GiB) of ``model`` in environment ``env`` (cluster_config/<env>.yaml).
+
+    ``preset``: the config's; a plan that names another one is an error (the job would train
+    something else than the plan was sized for).
+    """
+    from cluster_config.settings import load_settings
+
+    settings = load_settings(env)
+    plans = {m.name: m for m in settings.models}
+    if model not in plans:
+        raise ConfigError(f"model {model!r} is not in the {env} plan; choose one of {', '.join(plans)}")
+    if preset is not None and plans[model].preset != preset:
+        raise ConfigError(f"the {env} plan gives {model} preset {plans[model].preset!r} but its config trains "
+                          f"{preset!r}; make cluster_config/{env}.yaml and the config agree (or pass --config)")
+    queue = settings.gpu_queue
+    if queue.instance_type not in GPU_MEMORY_GIB:
+        raise ConfigError(f"GPU memory of {queue.instance_type} is unknown; pass --gpu-memory-gib")
+    return plans[model].nodes * queue.gpus_per_instance, GPU_MEMORY_GIB[queue.instance_type]
+
+
+def estimate(model: str, env: str = "prod", overrides: list[str] = ()) -> dict:
+    """The dry run of ``model`` in ``env`` as plain numbers (GiB), for the plan and other tools.
+
+    {"model", "preset", "world_size", "layout", "micro_batch_size", "accumulation",
+     "activation_checkpointing", "gpu_memory_gib", "peak_gib", "fraction", "fits", "gib": {category: GiB}}
+    Takes seconds for 7B and a few minutes for 70B on two CPU cores.
+    """
+    cfg = load_model_config(os.path.join(os.path.dirname(__file__), "configs", f"{model}.yaml"), overrides)
+    world_size, gpu_gib = production_setup(model, env, cfg.model.preset)
+    report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=cfg.model.vocab_size or DEFAULT_VOCAB)
+    return report.as_dict()
+
+
+def load_model_config(path: str, overrides: list[str] = ()) -> Config:
+    """The job's config; directory variables only need a value, nothing is read or written."""
+    for var in ("FSX_DATA", "FSX_CHECKPOINTS", "FSX_LOGS"):
+        os.environ.setdefault(var, f"/dry-run/{var.lower()}")
+    return load_config(path, list(overrides))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.dry_run", description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", help="model of the plan (e.g. model7): configs/<model>.yaml")
+    parser.add_argument("--env", default="prod", help="environment whose plan gives nodes and GPU type (default prod)")
+    parser.add_argument("--config", help="a config file instead of configs/<model>.yaml")
+    parser.add_argument("--world-size", type=int, help="ranks (default: the plan's nodes x GPUs per node)")
+    parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the plan's instance type)")
+    parser.add_argument("--vocab-size", type=int, default=0,
+                        help=f"vocabulary (default: the config's model.vocab_size, else {DEFAULT_VOCAB})")
+    parser.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = parser.parse_intermixed_args(argv)
+    if not args.model and not args.config:
+        print("error: name a model of the plan (model1 ... model7) or pass --config FILE", file=sys.stderr)
+        return 2
+    config_path = args.config or os.path.join(os.path.dirname(__file__), "configs", f"{args.model}.yaml")
+    try:
+        cfg = load_model_config(config_path, args.overrides)
+        world_size, gpu_gib = args.world_size, args.gpu_memory_gib
+        if world_size is None or gpu_gib is None:
+            planned, memory = production_setup(args.model or cfg.name, args.env, cfg.model.preset)
+            world_size, gpu_gib = world_size or planned, gpu_gib or memory
+        report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib,
+                         vocab_size=args.vocab_size or cfg.model.vocab_size or DEFAULT_VOCAB)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    return 0 if report.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
