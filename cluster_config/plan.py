@@ -249,14 +249,11 @@ def _size_model(base: dict, path: Path, settings: Settings, gpu: Gpu | None, usa
     row["days"] = flops / cluster_flops_s / 86400
     row["step_s"] = flops / steps / cluster_flops_s
     row["checkpoint_every_h"] = row["step_s"] * int(ckpt["every"]) / 3600
-    modelled = (train["parallelism"] in ("fsdp", "ddp") and tensor_parallel == 1
-                and train.get("grad_reduce", "every_micro_batch") == "every_micro_batch")
-    if not modelled:
-        warnings.append(f"{name}: the analytic memory model covers FSDP2 or DDP without tensor parallelism, gradients "
-                        f"reduced every micro-batch; for the layout in {where} run `python -m training.dry_run "
-                        f"{name} --env {settings.name}`")
-        return ModelRow(**row), errors, warnings
-    run = RunShape(preset, vocab, seq_len, micro, gpus, train["parallelism"], bool(train["activation_checkpointing"]))
+    if train.get("grad_reduce", "every_micro_batch") != "every_micro_batch":
+        warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
+                        f"train.grad_reduce in {where} run `python -m training.dry_run {name} --env {settings.name}`")
+    run = RunShape(preset, vocab, seq_len, micro, gpus, train["parallelism"], bool(train["activation_checkpointing"]),
+                   tensor_parallel=tensor_parallel, hsdp_shard_size=int(train.get("hsdp_shard_size", 8)))
     row["memory"] = memory(run).gib()
     need = row["memory"]["total"]
     if need > usable_gib:
@@ -265,6 +262,8 @@ def _size_model(base: dict, path: Path, settings: Settings, gpu: Gpu | None, usa
             fixes.append(f"lower train.micro_batch_size (now {micro})")
         if train["parallelism"] == "ddp":
             fixes.append("use train.parallelism: fsdp")
+        if train["parallelism"] == "hsdp":
+            fixes.append("raise train.hsdp_shard_size or use train.parallelism: fsdp")
         fixes.append("give it more nodes (the sharded state shrinks)")
         errors.append(f"{name}: needs {need:.0f} GiB per GPU, more than the {usable_gib:.0f} GiB usable on a "
                       f"{gpu.name} ({gpu.memory_gib:.0f} GiB less plan.memory_headroom); in {where}: "

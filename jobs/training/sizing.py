@@ -4,7 +4,8 @@ The planner (``python -m cluster_config plan``) uses this to say whether a model
 is rented. What it counts, per GPU, for the job as ``train.py`` runs it:
 
 - parameters, gradients, optimizer state: fp32 master weights (4 bytes per parameter), fp32
-  gradients (4) and AdamW's two moments (8). FSDP2 shards all three over every rank; DDP keeps a
+  gradients (4) and AdamW's two moments (8). FSDP2 shards all three over every rank (HSDP over the
+  ranks of one shard group; tensor parallel splits each block's matrices further); DDP keeps a
   full copy on each, plus its gradient buckets (4) and, under bf16 autocast, a bf16 copy of the
   weights (2).
 - gathered (FSDP2 only): the unsharded bf16 weights of the layer being computed and of the one
@@ -23,6 +24,9 @@ is rented. What it counts, per GPU, for the job as ``train.py`` runs it:
   it keeps a log-sum-exp per row, not the seq_len x seq_len matrix, so memory is linear in
   seq_len. With activation checkpointing a layer keeps only its input (a h per token). Then the final norm, the output
   projection's input, and the fp32 log-softmax (4 V per token, V the vocabulary).
+  Tensor parallel (Megatron's layout, no sequence parallelism) splits what lies between a block's
+  column- and row-parallel matrices (q, k, v, the attention output, the SwiGLU tensors) over its t
+  ranks; the norms, the blocks' inputs and the head stay whole on each.
 - transient: what lives briefly at the peak of backward: the bf16 logits and the fp32 gradients of
   the loss (a + 8 bytes x V per token), the activation gradients of one layer and, with activation
   checkpointing, the activations of the layer being rebuilt.
@@ -52,8 +56,10 @@ class RunShape:
     seq_len: int
     micro_batch: int
     world_size: int
-    parallelism: str = "fsdp"  # "fsdp" (FSDP2 over every rank) or "ddp"
+    parallelism: str = "fsdp"  # "fsdp" (FSDP2 over every data-parallel rank), "hsdp" or "ddp"
     activation_checkpointing: bool = False
+    tensor_parallel: int = 1
+    hsdp_shard_size: int = 8  # hsdp: the data-parallel ranks one model copy is sharded over
     compute_bytes: int = 2  # bf16 on GPU; 4 when everything is fp32 (CPU)
 
 
@@ -76,16 +82,18 @@ class Memory:
         return {**{f.name: getattr(self, f.name) / GIB for f in fields(self)}, "total": self.total / GIB}
 
 
-def layer_activation_bytes_per_token(p: Preset, a: int) -> int:
+def layer_activation_bytes_per_token(p: Preset, a: int, tensor_parallel: int = 1) -> float:
     """Bytes one decoder layer saves for backward, per token (see the module docstring)."""
-    return 8 * p.hidden + a * (7 * p.hidden + 2 * p.kv_size + 4 * p.ffn_size)
+    whole = 8 * p.hidden + a * 2 * p.hidden  # the norms' fp32 input and output, the attention and MLP inputs
+    split = a * (5 * p.hidden + 2 * p.kv_size + 4 * p.ffn_size)  # between column- and row-parallel matrices
+    return whole + split / tensor_parallel
 
 
 def activation_bytes(run: RunShape) -> float:
     """What autograd keeps for backward over one micro-batch (all layers, the head and the loss)."""
     p, a = run.preset, run.compute_bytes
     tokens = run.micro_batch * run.seq_len
-    per_layer = layer_activation_bytes_per_token(p, a)
+    per_layer = layer_activation_bytes_per_token(p, a, run.tensor_parallel)
     if run.activation_checkpointing:
         layers = p.layers * a * p.hidden  # every layer's input (the layer is rebuilt in backward: transient)
     else:
@@ -98,21 +106,24 @@ def memory(run: RunShape) -> Memory:
     p, a = run.preset, run.compute_bytes
     total = p.parameters(run.vocab_size)
     tokens = run.micro_batch * run.seq_len
-    if run.parallelism == "fsdp":
-        shard = total / run.world_size
-        root = 2 * run.vocab_size * p.hidden + p.hidden
+    t = run.tensor_parallel
+    if run.parallelism in ("fsdp", "hsdp"):
+        # One model copy is t tensor-parallel ranks x its data-parallel shard ranks.
+        shard = total / (run.world_size if run.parallelism == "fsdp" else run.hsdp_shard_size * t)
+        root = 2 * run.vocab_size * p.hidden + p.hidden  # embeddings, output projection, final norm: whole
+        layer = p.layer_parameters / t  # a block gathered by FSDP is still split by tensor parallel
         grad_copy = a + (MASTER_BYTES if a != MASTER_BYTES else 0)  # grad in compute dtype (+ fp32 copy to reduce)
-        gathered = a * (2 * p.layer_parameters + root) + grad_copy * max(p.layer_parameters, root)
+        gathered = a * (2 * layer + root) + grad_copy * max(layer, root)
         params, grads, optim = MASTER_BYTES * shard, MASTER_BYTES * shard, ADAM_BYTES * shard
     elif run.parallelism == "ddp":
         gathered = MASTER_BYTES * total + (a * total if a != MASTER_BYTES else 0)  # buckets, autocast copies
         params, grads, optim = MASTER_BYTES * total, MASTER_BYTES * total, ADAM_BYTES * total
     else:
-        raise ValueError(f"parallelism {run.parallelism!r}: expected fsdp or ddp")
+        raise ValueError(f"parallelism {run.parallelism!r}: expected fsdp, hsdp or ddp")
     # The logits and the loss's fp32 gradients, one layer's activation gradients and, with activation
     # checkpointing, the layer being rebuilt.
     layers = 2 if run.activation_checkpointing else 1
-    transient = tokens * ((a + 2 * 4) * run.vocab_size + layers * layer_activation_bytes_per_token(p, a))
+    transient = tokens * ((a + 2 * 4) * run.vocab_size + layers * layer_activation_bytes_per_token(p, a, t))
     return Memory(params, grads, optim, gathered, activation_bytes(run), transient)
 
 

@@ -135,13 +135,13 @@ def test_halving_mfu_doubles_days_and_cost(tmp_path, write_env):
 
 
 def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path):
-    configs = configs_copy(tmp_path, "model7", activation_checkpointing=False, micro_batch_size=2)
+    configs = configs_copy(tmp_path, "model7", activation_checkpointing=False)
     with pytest.raises(PlanError) as caught:
         check_plan(load_settings("prod"), configs)
     message = str(caught.value)
     assert "model7: needs" in message and "GiB usable on a H200" in message
     assert "set train.activation_checkpointing: true" in message
-    assert "lower train.micro_batch_size (now 2)" in message
+    assert "lower train.micro_batch_size (now 8)" in message
     assert "jobs/training/configs/model7.yaml" not in message  # it names the file it read
     assert str(configs / "model7.yaml") in message
 
@@ -149,7 +149,7 @@ def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path):
 def test_synth_stops_on_a_plan_that_cannot_fit(tmp_path, write_env):
     """A GPU with too little memory for the 7B models: loading the environment for synth fails."""
     write_env(tmp_path, "prod", plan={"gpu_memory_gib": 40})
-    with pytest.raises(PlanError, match=r"model1: needs 58 GiB per GPU, more than the 36 GiB usable"):
+    with pytest.raises(PlanError, match=r"model1: needs 68 GiB per GPU, more than the 36 GiB usable"):
         settings_for("prod", tmp_path)
 
 
@@ -188,13 +188,19 @@ def test_a_global_batch_that_does_not_divide_is_flagged(tmp_path):
                "2 x 32" in w for w in plan.warnings)
 
 
-def test_a_layout_the_analytic_model_does_not_cover_points_to_the_dry_run(tmp_path):
-    configs = configs_copy(tmp_path, "model7", tensor_parallel=8)
-    plan = build_plan(load_settings("prod"), configs)
-    model7 = plan.rows[-1]
-    assert model7.memory == {} and model7.days > 0  # time and cost still planned
-    assert any(w.startswith("model7: the analytic memory model covers FSDP2 or DDP without tensor parallelism")
-               and "python -m training.dry_run model7 --env prod" in w for w in plan.warnings)
+def test_tensor_parallel_and_hsdp_layouts_are_sized(tmp_path):
+    """Tensor parallel splits each block's matrices and activations; HSDP shards over its group only."""
+    def total(name, **changes):
+        plan = build_plan(load_settings("prod"), configs_copy(tmp_path / f"{name}-{len(changes)}", name, **changes))
+        return next(row for row in plan.rows if row.name == name).memory["total"]
+    assert total("model7") < total("model7", tensor_parallel=1)
+    assert total("model1") > total("model1", parallelism="fsdp")  # shards of 8 GPUs, not 32
+
+
+def test_deferred_gradient_reduction_points_to_the_dry_run(tmp_path):
+    plan = build_plan(load_settings("prod"), configs_copy(tmp_path, "model1", grad_reduce="last_micro_batch"))
+    assert any(w.startswith("model1: the analytic memory model assumes gradients reduced every micro-batch")
+               and "python -m training.dry_run model1 --env prod" in w for w in plan.warnings)
 
 
 def test_bad_plan_settings_are_refused(tmp_path, write_env):
