@@ -13,7 +13,7 @@ import time
 import pytest
 
 from local_cluster.training_job import TrainingJob, continue_stopped
-from training import demo_data
+from local_cluster import demo_data
 
 pytestmark = pytest.mark.slurm
 
