@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import math
 
+from cluster_config.plan import PRESETS, checkpoint_bytes  # the training code's shapes, torch-free
 from cluster_config.settings import Settings
 
-# Parameters per training preset at a 32k vocabulary (jobs/training/models.py; a test keeps them equal).
-PRESET_PARAMETERS = {
-    "1.7b": 1_676_392_704, "3.6b": 3_594_181_632, "7.5b": 6_738_415_616, "18.4b": 18_513_106_944,
-    "39.1b": 39_381_114_880, "76.1b": 76_311_357_440, "145.6b": 145_743_556_608, "310.1b": 310_692_036_608,
-    "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,
-}
-CHECKPOINT_BYTES_PER_PARAMETER = 12
 STEP_MARGIN_S = 120  # one training step (a 70B step takes about a minute) + Slurm's signal delivery
 MIN_KILL_WAIT_S = 120
 UNKILLABLE_STEP_TIMEOUT_S = 180
@@ -35,9 +29,10 @@ UNKILLABLE_STEP_TIMEOUT_S = 180
 
 def save_seconds(settings: Settings) -> float:
     """Seconds one checkpoint of the largest planned model takes at the checkpoint FSx's throughput."""
-    largest = max((PRESET_PARAMETERS.get(m.preset, 0) for m in settings.models), default=0)
-    bytes_per_s = settings.storage.checkpoints.throughput_mb_s * 1e6
-    return largest * CHECKPOINT_BYTES_PER_PARAMETER / bytes_per_s
+    vocab = settings.plan.vocab_size
+    largest = max((checkpoint_bytes(PRESETS[m.preset], vocab) for m in settings.models if m.preset in PRESETS),
+                  default=0)
+    return largest / (settings.storage.checkpoints.throughput_mb_s * 1e6)
 
 
 def kill_wait_seconds(settings: Settings) -> int:
