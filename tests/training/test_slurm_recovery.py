@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ STEPS, EVERY = 18, 6
 RUN = (f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "log.interval=1", "optim.warmup_steps=3")
 # Seconds: the watchdog's floor (its window is max(floor, 10 x median step); a tiny step is ~0.1 s).
 WATCHDOG_FLOOR_S = 8
-WATCHDOG = ()  # TEMP
+WATCHDOG = (f"train.watchdog_floor_s={WATCHDOG_FLOOR_S}",)
 
 
 SUBMITTED: list[TrainingJob] = []  # cancelled at the end of the module, so a failed test leaves no job behind
@@ -81,6 +82,7 @@ def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference
     pid = job.kill_worker(signal.SIGSTOP, node="node2")  # a rank stuck on storage or in a driver call
     try:
         detected = job.wait_until("hang report", lambda _: list(job.log_dir.glob(f"hang_{job.id}_rank*.txt")), 120)
+        job.wait_until("the stopped worker's end", lambda _: not Path(f"/proc/{pid}").exists(), 120)  # Slurm kills it
     finally:
         continue_stopped(pid)
     events = recovered(job, reference)
@@ -130,3 +132,17 @@ def test_config_error_exits_2_and_is_not_requeued(cluster):
     assert job.record()["Restarts"] == "0"
     out = job.output()
     assert "train.steps" in out and "not requeued" in out
+
+
+def test_scancel_leaves_the_workers_time_to_save_and_does_not_requeue(cluster):
+    """SIGTERM to every process of the job (scancel, the time limit): the save at the next step boundary
+    finishes within KillWait (torchrun waits as long), the job ends CANCELLED and stays ended."""
+    job = submit(cluster, "scancel")
+    job.wait_for_step(8)
+    subprocess.run(["scancel", job.id], check=True)
+    state, _ = job.wait()
+    assert state == "CANCELLED" and job.record()["Restarts"] == "0"
+    stopped = job.events("stopped")
+    assert stopped and stopped[0]["signal"] == "SIGTERM", job.output()[-3000:]
+    assert (job.checkpoint_dir / "STATUS").read_text() == "stopped\n"
+    assert (job.checkpoint_dir / "latest").read_text() == f"step_{stopped[0]['step']:08d}\n"
