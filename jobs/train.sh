@@ -101,10 +101,10 @@ python -m training.recovery start "$LOG_DIR"  # a "launch" event with SLURM_REST
 # Hang evidence: the collectives flight recorder (NCCL on GPUs, gloo on CPUs) keeps each rank's last
 # collectives; the progress watchdog dumps it with the Python stacks, and NCCL itself dumps it to
 # fr_trace_<job>_rank<r> in the log folder when a collective times out.
-export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}" TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+# (torch 2.13 names; TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE are their old names.)
+export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}"
 export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_FR_DUMP_TEMP_FILE="$LOG_DIR/fr_trace_${SLURM_JOB_ID}_rank"
-export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$TORCH_FR_DUMP_TEMP_FILE"
 # Where a worker says why it failed ("user: ..." for bad input, "hang: ..." from the watchdog).
 export TRAIN_FAILURE_FILE="$CKPT_DIR/FAILURE"
 # SIGTERM (scancel, the time limit) to SIGKILL: Slurm's KillWait, sized for a save (CustomSlurmSettings).

@@ -58,6 +58,8 @@ def recovered(job: TrainingJob, reference) -> list[dict]:
     assert job.losses() == reference
     launches = job.events("launch")
     assert {e["job"] for e in launches} == {job.id} and [e["restart_count"] for e in launches] == list(range(len(launches)))
+    # gloo bound to the interface of the node's own address (jobs/env.sh), as NCCL's is on GPU nodes.
+    assert {e["gloo_socket_ifname"] for e in launches} == {"eth0"}
     return job.events("recovery")
 
 
@@ -71,7 +73,10 @@ def test_killed_worker_recovers_with_no_resubmission(cluster, reference):
     job.wait_for_step(8)
     job.kill_worker(signal.SIGKILL, node="node2")  # what an Xid error, an OOM kill or a lost GPU does
     [event] = recovered(job, reference)
-    assert event["action"] == "requeue" and "srun exit" in event["cause"] and event["recovery"] == 1
+    assert event["action"] == "requeue" and event["recovery"] == 1
+    # Whichever noticed first: torchrun's exit (srun ends the step) or the peer's watchdog (its
+    # collective never returns: gloo does not always see a peer vanish).
+    assert "srun exit" in event["cause"] or event["cause"].startswith("hang: rank 0"), event["cause"]
     assert repeated_steps(job) <= EVERY  # at most one checkpoint interval
 
 
