@@ -48,18 +48,22 @@ mkdir -p "$CKPT_DIR" "$LOG_DIR"
 # config files and the arguments to $LOG_DIR/code/<job id>/, and run that copy, now and on every
 # requeue, even if a cluster update rewrites jobs/ in between. A new submission takes the new code.
 SNAPSHOT="$LOG_DIR/code/$SLURM_JOB_ID"
+snapshot_config() {  # snapshot_config FILE DEST: a missing config is the user's to fix (exit 2, no requeue)
+  [[ -f $1 ]] || { echo "error: config file $1 does not exist — see jobs/training/configs/ for examples" >&2; exit 2; }
+  cp "$1" "$2"
+}
 if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
   if [[ ! -f $SNAPSHOT/args ]]; then
     rm -rf "$SNAPSHOT.tmp" && mkdir -p "$SNAPSHOT.tmp"
     cp -r "$JOBS_DIR" "$SNAPSHOT.tmp/jobs"
     find "$SNAPSHOT.tmp/jobs" -name __pycache__ -prune -exec rm -rf {} +
-    cp "$CONFIG" "$SNAPSHOT.tmp/config.yaml"
+    snapshot_config "$CONFIG" "$SNAPSHOT.tmp/config.yaml"
     args=(--config "$SNAPSHOT/config.yaml")
     while (($#)); do  # a --config FILE among the arguments is copied too
       case $1 in
-        --config) cp "${2:?--config needs a file}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
+        --config) snapshot_config "${2:?--config needs a file}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
           args+=(--config "$SNAPSHOT/config-${#args[@]}.yaml"); shift ;;
-        --config=*) cp "${1#--config=}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
+        --config=*) snapshot_config "${1#--config=}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
           args+=(--config "$SNAPSHOT/config-${#args[@]}.yaml") ;;
         *) args+=("$1") ;;
       esac
@@ -79,7 +83,6 @@ if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
   RUNNING_SNAPSHOT="$SNAPSHOT" JOBS_DIR="$SNAPSHOT/jobs" PYTHONPATH="$pythonpath_at_submit" \
     exec bash "$SNAPSHOT/jobs/train.sh" "$MODEL" "${args[@]}"
 fi
-CONFIG="$SNAPSHOT/config.yaml"  # the arguments carry it already; named here for the log line
 
 # c10d rendezvous on the first node of the allocation; every torchrun joins it.
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"

@@ -6,6 +6,7 @@ Runs are short (tiny preset, 18 steps, a checkpoint every 6) because CI has two 
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ from local_cluster.training_job import TrainingJob, continue_stopped
 from training import demo_data
 
 pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
 
 STEPS, EVERY = 18, 6
 RUN = (f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "log.interval=1", "optim.warmup_steps=3")
@@ -68,11 +70,18 @@ def repeated_steps(job: TrainingJob) -> int:
     return len(steps) - len(set(steps))
 
 
-def test_killed_worker_recovers_with_no_resubmission(cluster, reference):
-    job = submit(cluster, "sigkill")
+def test_killed_worker_recovers_with_no_resubmission_on_its_first_code(cluster, reference):
+    job = TrainingJob(cluster, "sigkill")
+    SUBMITTED.append(job)
+    bundle = job.host_root / "bundle/jobs"  # the job's own copy of jobs/, as /opt/llm-jobs/bundle on the cluster
+    shutil.copytree(REPO / "jobs", bundle, ignore=shutil.ignore_patterns("__pycache__"))
+    job.submit(*RUN, *WATCHDOG, JOBS_DIR=f"/fsx/{job.root}/bundle/jobs")
     job.wait_for_step(8)
+    # A cluster update rewrites the bundle under the running job: the requeue must not run it.
+    (bundle / "training/train.py").write_text('raise SystemExit("the updated code ran")\n')
     job.kill_worker(signal.SIGKILL, node="node2")  # what an Xid error, an OOM kill or a lost GPU does
     [event] = recovered(job, reference)
+    assert "running the snapshot taken at its first start" in job.output()
     assert event["action"] == "requeue" and event["recovery"] == 1
     # Whichever noticed first: torchrun's exit (srun ends the step) or the peer's watchdog (its
     # collective never returns: gloo does not always see a peer vanish).
