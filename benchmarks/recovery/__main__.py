@@ -2,8 +2,8 @@
 
     local_cluster/cluster.sh up && .venv/bin/python -m benchmarks.recovery [--out benchmarks/results/recovery.json]
 
-Per fault: seconds from the fault to the next logged training step (the metrics file is watched
-every 0.1 s from the host), steps repeated after the resume, whether the losses equal an
+Per fault: seconds from the fault to the first training step logged by the restarted run (the
+metrics file is watched every 0.1 s from the host), steps repeated after the resume, whether the losses equal an
 uninterrupted run's bit for bit, and whether a human was needed. Tiny preset, 2 of the 3 nodes,
 24 steps with a checkpoint every 6 and a progress-watchdog floor of 8 s. The time limit
 (SIGUSR1, the planned path) is measured as the baseline.
@@ -32,13 +32,16 @@ RUN = (f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "log.interval=1", "o
 FAULT_AT = 9  # the step after which the fault is done: 3 steps past the step-6 checkpoint
 
 
-def loss_lines(job: TrainingJob) -> int:
-    return sum(1 for r in job.records() if "loss" in r)
+def stepped_after_restart(records: list[dict], before: int) -> bool:
+    """A loss line logged after a trainer start that came after the first ``before`` records."""
+    later = records[before:]
+    starts = [i for i, r in enumerate(later) if r.get("event") == "start"]
+    return bool(starts) and any("loss" in r for r in later[starts[0]:])
 
 
 def time_to_next_step(job: TrainingJob, before: int, fault_time: float, timeout: float = 300) -> float:
-    """Seconds from the fault until a loss line beyond the ``before`` lines already logged appears."""
-    job.wait_until("the next step after the fault", lambda _: loss_lines(job) > before, timeout)
+    """Seconds from the fault until the restarted run logs its first step."""
+    job.wait_until("a step after the restart", lambda records: stepped_after_restart(records, before), timeout)
     return round(time.monotonic() - fault_time, 1)
 
 
@@ -48,10 +51,10 @@ def repeated(job: TrainingJob) -> int:
 
 
 def measure(cluster, name: str, fault, reference, **env) -> dict:
-    job = TrainingJob(cluster, name).submit(*RUN, **env)
+    job = TrainingJob(cluster, fault.__name__.strip("_")).submit(*RUN, **env)
     try:
         job.wait_for_step(FAULT_AT)
-        before, fault_time = loss_lines(job), time.monotonic()
+        before, fault_time = len(job.records()), time.monotonic()
         extra = fault(job) or {}
         result = {"fault": name, **extra}
         if extra.get("human_needed"):
@@ -59,6 +62,9 @@ def measure(cluster, name: str, fault, reference, **env) -> dict:
             result.update(seconds_to_next_step=None, steps_repeated=None, end=f"{state} exit {code}",
                           seconds_to_end=round(time.monotonic() - fault_time, 1), restarts=int(job.record()["Restarts"]))
             return result
+        requeued = job.wait_until("the requeue", lambda records: any(
+            r.get("event") == "recovery" and r.get("action") == "requeue" for r in records[before:]), 300)
+        result["seconds_to_requeue"] = round(requeued - fault_time, 1)
         result["seconds_to_next_step"] = time_to_next_step(job, before, fault_time)
         state, code = job.wait()
         result.update(steps_repeated=repeated(job), end=f"{state} exit {code}", restarts=int(job.record()["Restarts"]),
@@ -88,8 +94,8 @@ def sigstop(job):
     return {"seconds_to_detect": round(detected - start, 1), "watchdog_window_s": FLOOR_S}
 
 
-def bad_node(cluster, drained: list[str]):
-    def fault(job):
+def bad_node_fault(cluster, drained: list[str]):
+    def bad_node(job):
         node = job.nodes()[-1]
         marker = cluster.fsx / ".node-health" / node
         marker.parent.mkdir(exist_ok=True)
@@ -97,7 +103,7 @@ def bad_node(cluster, drained: list[str]):
         drained.append(node)
         job.kill_worker(signal.SIGKILL, node=node)
         return {"drained": node}
-    return fault
+    return bad_node
 
 
 def crash_loop(job):
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             measure(cluster, "worker SIGSTOP (hang)", sigstop, reference)]
     drained: list[str] = []
     try:
-        rows.append(measure(cluster, "node fails its health check", bad_node(cluster, drained), reference))
+        rows.append(measure(cluster, "node fails its health check", bad_node_fault(cluster, drained), reference))
     finally:
         for node in drained:
             (cluster.fsx / ".node-health" / node).unlink(missing_ok=True)
@@ -145,11 +151,12 @@ def main(argv: list[str] | None = None) -> int:
                        f"{EVERY}, fault after step {FAULT_AT}, watchdog floor {FLOOR_S} s", "faults": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print("| fault | seconds to next step | steps repeated | losses identical | human needed | end |")
-    print("|---|---|---|---|---|---|")
+    print("| fault | seconds to requeue | seconds to next step | steps repeated | losses identical | human needed | end |")
+    print("|---|---|---|---|---|---|---|")
     cell = lambda value: "-" if value is None else value  # noqa: E731
     for r in rows:
-        print(f"| {r['fault']} | {cell(r.get('seconds_to_next_step'))} | {cell(r.get('steps_repeated'))} | "
+        print(f"| {r['fault']} | {cell(r.get('seconds_to_requeue'))} | {cell(r.get('seconds_to_next_step'))} | "
+              f"{cell(r.get('steps_repeated'))} | "
               f"{cell(r.get('losses_identical'))} | {'yes' if r.get('human_needed') else 'no'} | {r['end']} |")
     print(f"wrote {args.out}")
     return 0
