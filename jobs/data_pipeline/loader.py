@@ -189,11 +189,14 @@ class _BatchStream(IterableDataset):
             reader.close()
 
 
+WORKER_SIGTERM_GRACE_S = 30
+
+
 def _ignore_sigterm(worker_id: int) -> None:
-    """Workers outlive a SIGTERM (scancel, the time limit; Slurm signals every process of the step):
-    torch makes it kill them, and the trainer would then die on its next batch instead of finishing
-    the step and saving. The trainer stops them when it is done."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Workers outlive a SIGTERM (scancel, the time limit; Slurm signals every process of the step)
+    for a while: torch makes it kill them at once, and the trainer would then die on its next batch
+    instead of finishing the step and saving. They still end: SIGALRM's default action, 30 s later."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.alarm(WORKER_SIGTERM_GRACE_S))
 
 
 class TokenLoader:

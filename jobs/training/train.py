@@ -214,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         _report_user_error(str(exc))
         return 2
+    except Exception:  # an infrastructure failure (a peer died, a collective timed out): leave at once,
+        log.exception("training failed")  # an orderly exit can wait on the dead peer or on loader workers
+        logging.shutdown()
+        os._exit(1)
     finally:
         distributed.shutdown()
     return 0
