@@ -82,6 +82,7 @@ bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.data_pipeline
 	local_cluster/cluster.sh up  # the training benchmark's data-wait figure comes from a two-node run
 	$(PY) -m benchmarks.training
+	$(PY) -m benchmarks.recovery  # per fault: seconds to the next step, steps repeated, human needed
 
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf cdk.out benchmarks/results

@@ -50,18 +50,22 @@ mkdir -p "$CKPT_DIR" "$LOG_DIR"
 # config files and the arguments to $LOG_DIR/code/<job id>/, and run that copy, now and on every
 # requeue, even if a cluster update rewrites jobs/ in between. A new submission takes the new code.
 SNAPSHOT="$LOG_DIR/code/$SLURM_JOB_ID"
+snapshot_config() {  # snapshot_config FILE DEST: a missing config is the user's to fix (exit 2, no requeue)
+  [[ -f $1 ]] || { echo "error: config file $1 does not exist — see jobs/training/configs/ for examples" >&2; exit 2; }
+  cp "$1" "$2"
+}
 if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
   if [[ ! -f $SNAPSHOT/args ]]; then
     rm -rf "$SNAPSHOT.tmp" && mkdir -p "$SNAPSHOT.tmp"
     cp -r "$JOBS_DIR" "$SNAPSHOT.tmp/jobs"
     find "$SNAPSHOT.tmp/jobs" -name __pycache__ -prune -exec rm -rf {} +
-    cp "$CONFIG" "$SNAPSHOT.tmp/config.yaml"
+    snapshot_config "$CONFIG" "$SNAPSHOT.tmp/config.yaml"
     args=(--config "$SNAPSHOT/config.yaml")
     while (($#)); do  # a --config FILE among the arguments is copied too
       case $1 in
-        --config) cp "${2:?--config needs a file}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
+        --config) snapshot_config "${2:?--config needs a file}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
           args+=(--config "$SNAPSHOT/config-${#args[@]}.yaml"); shift ;;
-        --config=*) cp "${1#--config=}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
+        --config=*) snapshot_config "${1#--config=}" "$SNAPSHOT.tmp/config-${#args[@]}.yaml"
           args+=(--config "$SNAPSHOT/config-${#args[@]}.yaml") ;;
         *) args+=("$1") ;;
       esac
@@ -81,7 +85,6 @@ if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
   RUNNING_SNAPSHOT="$SNAPSHOT" JOBS_DIR="$SNAPSHOT/jobs" PYTHONPATH="$pythonpath_at_submit" \
     exec bash "$SNAPSHOT/jobs/train.sh" "$MODEL" "${args[@]}"
 fi
-CONFIG="$SNAPSHOT/config.yaml"  # the arguments carry it already; named here for the log line
 
 # c10d rendezvous on the first node of the allocation; every torchrun joins it.
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
@@ -112,10 +115,10 @@ python -m training.recovery start "$LOG_DIR"  # a "launch" event with SLURM_REST
 # Hang evidence: the collectives flight recorder (NCCL on GPUs, gloo on CPUs) keeps each rank's last
 # collectives; the progress watchdog dumps it with the Python stacks, and NCCL itself dumps it to
 # fr_trace_<job>_rank<r> in the log folder when a collective times out.
-export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}" TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+# (torch 2.13 names; TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE are their old names.)
+export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}"
 export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_FR_DUMP_TEMP_FILE="$LOG_DIR/fr_trace_${SLURM_JOB_ID}_rank"
-export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$TORCH_FR_DUMP_TEMP_FILE"
 # Where a worker says why it failed ("user: ..." for bad input, "hang: ..." from the watchdog).
 export TRAIN_FAILURE_FILE="$CKPT_DIR/FAILURE"
 # SIGTERM (scancel, the time limit) to SIGKILL: Slurm's KillWait, sized for a save (CustomSlurmSettings).

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tarfile
 from collections import OrderedDict
 from pathlib import Path
@@ -198,6 +199,16 @@ class _BatchStream(IterableDataset):
             reader.close()
 
 
+WORKER_SIGTERM_GRACE_S = 30
+
+
+def _ignore_sigterm(worker_id: int) -> None:
+    """Workers outlive a SIGTERM (scancel, the time limit; Slurm signals every process of the step)
+    for a while: torch makes it kill them at once, and the trainer would then die on its next batch
+    instead of finishing the step and saving. They still end: SIGALRM's default action, 30 s later."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.alarm(WORKER_SIGTERM_GRACE_S))
+
+
 class TokenLoader:
     """Endless, deterministic, resumable loader of ``batch_size`` x ``seq_len`` token batches."""
 
@@ -259,7 +270,8 @@ class TokenLoader:
 
     def __iter__(self):
         stream = _BatchStream(self.meta, self._files, self.plan, self._next)
-        extra = {"prefetch_factor": self.prefetch_factor, "timeout": self.timeout_s} if self.num_workers else {}
+        extra = {"prefetch_factor": self.prefetch_factor, "timeout": self.timeout_s,
+                 "worker_init_fn": _ignore_sigterm} if self.num_workers else {}
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, **extra)
         shape = (self.batch_size, self.meta.sample_tokens)
         for raw in loader:

@@ -13,6 +13,8 @@ Modules:
   optim       AdamW and the cosine learning-rate schedule
   checkpoint  asynchronous DCP checkpoints, ``latest`` pointer, fallback, never a silent restart
   signals     SIGUSR1/SIGTERM stop requests
+  watchdog    the progress watchdog: no step in its window -> stacks + flight recorder, exit for recovery
+  recovery    the batch script's decision after training: complete, requeue (retry budget), stop
   metrics     loss, tokens/s, MFU, data wait, checkpoint blocking, memory -> log, JSONL, TensorBoard
   backup      copy the final checkpoint to S3 and verify it
   plot        loss curve PNG from a run's metrics.jsonl

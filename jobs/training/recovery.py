@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "start":
-        _append(args.log_dir, {"event": "launch", "time": time.time(), **_job()})
+        _append(args.log_dir, {"event": "launch", "time": time.time(), **_job(),
+                               "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")})
         return 0
     try:
         max_recoveries = int(os.environ.get("MAX_RECOVERIES", 5))

@@ -270,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             return fail(exc)
         log.error("%s", exc)
         return 2
+    except Exception:  # an infrastructure failure (a peer died, a collective timed out): leave at once,
+        log.exception("training failed")  # an orderly exit can wait on the dead peer or on loader workers
+        logging.shutdown()
+        os._exit(1)
     finally:
         distributed.shutdown()
     return 0

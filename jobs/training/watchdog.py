@@ -111,9 +111,9 @@ class ProgressWatchdog:
         self.fired_path = path
         log.error("progress watchdog: %s; stacks in %s%s; exiting for recovery", what, path,
                   f", flight recorder in {trace}" if trace else "")
-        if self.failure_file:
-            with contextlib.suppress(OSError):
-                Path(self.failure_file).write_text(f"hang: {what}; stacks in {path}\n")
+        if self.failure_file:  # the first rank to report names the cause (a rank woken later must not)
+            with contextlib.suppress(OSError), open(self.failure_file, "x") as f:
+                f.write(f"hang: {what}; stacks in {path}\n")
         time.sleep(self.linger_s)  # let the other waiting ranks write their dumps before the step is torn down
         self._exit(EXIT_HANG)
 

@@ -6,9 +6,11 @@ Runs are short (tiny preset, 18 steps, a checkpoint every 6) because CI has two 
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,12 +18,13 @@ from local_cluster.training_job import TrainingJob, continue_stopped
 from local_cluster import demo_data
 
 pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
 
 STEPS, EVERY = 18, 6
 RUN = (f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "log.interval=1", "optim.warmup_steps=3")
 # Seconds: the watchdog's floor (its window is max(floor, 10 x median step); a tiny step is ~0.1 s).
 WATCHDOG_FLOOR_S = 8
-WATCHDOG = ()  # TEMP
+WATCHDOG = (f"train.watchdog_floor_s={WATCHDOG_FLOOR_S}",)
 
 
 SUBMITTED: list[TrainingJob] = []  # cancelled at the end of the module, so a failed test leaves no job behind
@@ -57,6 +60,8 @@ def recovered(job: TrainingJob, reference) -> list[dict]:
     assert job.losses() == reference
     launches = job.events("launch")
     assert {e["job"] for e in launches} == {job.id} and [e["restart_count"] for e in launches] == list(range(len(launches)))
+    # gloo bound to the interface of the node's own address (jobs/env.sh), as NCCL's is on GPU nodes.
+    assert {e["gloo_socket_ifname"] for e in launches} == {"eth0"}
     return job.events("recovery")
 
 
@@ -65,12 +70,22 @@ def repeated_steps(job: TrainingJob) -> int:
     return len(steps) - len(set(steps))
 
 
-def test_killed_worker_recovers_with_no_resubmission(cluster, reference):
-    job = submit(cluster, "sigkill")
+def test_killed_worker_recovers_with_no_resubmission_on_its_first_code(cluster, reference):
+    job = TrainingJob(cluster, "sigkill")
+    SUBMITTED.append(job)
+    bundle = job.host_root / "bundle/jobs"  # the job's own copy of jobs/, as /opt/llm-jobs/bundle on the cluster
+    shutil.copytree(REPO / "jobs", bundle, ignore=shutil.ignore_patterns("__pycache__"))
+    job.submit(*RUN, *WATCHDOG, JOBS_DIR=f"/fsx/{job.root}/bundle/jobs")
     job.wait_for_step(8)
+    # A cluster update rewrites the bundle under the running job: the requeue must not run it.
+    (bundle / "training/train.py").write_text('raise SystemExit("the updated code ran")\n')
     job.kill_worker(signal.SIGKILL, node="node2")  # what an Xid error, an OOM kill or a lost GPU does
     [event] = recovered(job, reference)
-    assert event["action"] == "requeue" and "srun exit" in event["cause"] and event["recovery"] == 1
+    assert "running the snapshot taken at its first start" in job.output()
+    assert event["action"] == "requeue" and event["recovery"] == 1
+    # Whichever noticed first: torchrun's exit (srun ends the step) or the peer's watchdog (its
+    # collective never returns: gloo does not always see a peer vanish).
+    assert "srun exit" in event["cause"] or event["cause"].startswith("hang: rank 0"), event["cause"]
     assert repeated_steps(job) <= EVERY  # at most one checkpoint interval
 
 
@@ -81,6 +96,7 @@ def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference
     pid = job.kill_worker(signal.SIGSTOP, node="node2")  # a rank stuck on storage or in a driver call
     try:
         detected = job.wait_until("hang report", lambda _: list(job.log_dir.glob(f"hang_{job.id}_rank*.txt")), 120)
+        job.wait_until("the stopped worker's end", lambda _: not Path(f"/proc/{pid}").exists(), 120)  # Slurm kills it
     finally:
         continue_stopped(pid)
     events = recovered(job, reference)
@@ -130,3 +146,17 @@ def test_config_error_exits_2_and_is_not_requeued(cluster):
     assert job.record()["Restarts"] == "0"
     out = job.output()
     assert "train.steps" in out and "not requeued" in out
+
+
+def test_scancel_leaves_the_workers_time_to_save_and_does_not_requeue(cluster):
+    """SIGTERM to every process of the job (scancel, the time limit): the save at the next step boundary
+    finishes within KillWait (torchrun waits as long), the job ends CANCELLED and stays ended."""
+    job = submit(cluster, "scancel")
+    job.wait_for_step(8)
+    subprocess.run(["scancel", job.id], check=True)
+    state, _ = job.wait()
+    assert state == "CANCELLED" and job.record()["Restarts"] == "0"
+    stopped = job.events("stopped")
+    assert stopped and stopped[0]["signal"] == "SIGTERM", job.output()[-3000:]
+    assert (job.checkpoint_dir / "STATUS").read_text() == "stopped\n"
+    assert (job.checkpoint_dir / "latest").read_text() == f"step_{stopped[0]['step']:08d}\n"
