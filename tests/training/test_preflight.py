@@ -77,3 +77,22 @@ def test_submit_refuses_without_calling_sbatch(tmp_path):
     assert not (tmp_path / "sbatch-called").exists()
     unknown = subprocess.run(["bash", "jobs/submit.sh", "model99"], cwd=REPO, env=env, capture_output=True, text=True)
     assert unknown.returncode == 2 and "no job script" in unknown.stderr
+
+
+def test_preprocess_for_a_model_makes_the_data_its_preflight_accepts(tmp_path, monkeypatch):
+    from data_pipeline.sample_data import make_sample
+
+    files, tokenizer = make_sample(tmp_path / "src", num_files=1, total_bytes=60_000)
+    env = {**os.environ, "JOBS_VENV": str(REPO / ".venv"), "FSX_DATA": str(tmp_path / "fsx-data"),
+           "CLUSTER_ENV": str(tmp_path / "none.env"), "MODEL": "tiny", "RAW_DIR": str(files[0].parent),
+           "TOKENIZER": str(tokenizer), "VAL_FRACTION": "0"}
+    result = subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # configs/tiny.yaml: data.path ${FSX_DATA}/tokenized-sample at seq_len 128, not the generic defaults.
+    assert f"-> {tmp_path}/fsx-data/tokenized-sample (seq_len 128)" in result.stdout
+    monkeypatch.setenv("FSX_DATA", str(tmp_path / "fsx-data"))
+    assert preflight.check("tiny", None, [f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs"]) == []
+
+    unknown = subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env={**env, "MODEL": "model99"},
+                             capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "cannot read the data settings of model 'model99'" in unknown.stderr
