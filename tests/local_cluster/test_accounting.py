@@ -128,3 +128,26 @@ def test_accounting_survives_a_cluster_restart(slurm_cluster):
         time.sleep(1)
     assert out.strip() == f"{job}|model2|COMPLETED"
     assert "model1" in run("sacctmgr", "-n", "-P", "show", "qos", "format=name").split()
+
+
+def test_a_removed_model_is_retired_with_its_history_and_can_come_back(slurm_cluster, tmp_path):
+    script = slurm_cluster.repo / "node_scripts" / "slurm_accounts.sh"
+    only_model1 = tmp_path / "models"
+    only_model1.write_text("model1 2\n")
+    try:
+        run("bash", str(script), "--user", "root", str(only_model1))
+        assert run("sacctmgr", "-n", "-P", "show", "qos", "model2", "format=GrpTRES,GrpJobs,MaxTRES").strip() == \
+            "node=0|0|node=0"
+        deadline = time.monotonic() + 15  # slurmdbd pushes the change to slurmctld
+        while (refused := sbatch_raw(slurm_cluster, "--account=model2", "--qos=model2", "--nodes=1")).returncode == 0:
+            subprocess.run(["scancel", refused.stdout.strip()], capture_output=True)
+            assert time.monotonic() < deadline, "a retired model's job was accepted"
+            time.sleep(1)
+        assert "QOS" in refused.stderr or "policy" in refused.stderr, refused.stderr
+        # The account stays, so its history does: sacct still answers for it.
+        assert run("sacctmgr", "-n", "-P", "show", "account", "model2", "format=Account,Descr").strip() == \
+            "model2|retired: not in the model list"
+    finally:
+        run("bash", str(script), "--user", "root", str(slurm_cluster.repo / "local_cluster" / "models"))
+    job = submit(slurm_cluster, "model2", 1, 1)
+    assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)
