@@ -50,6 +50,20 @@ class RenderError(ValueError):
     """Settings or resource ids that cannot make a valid cluster config; the message says the fix."""
 
 
+# Slurm enforces each model's account and QOS (node_scripts/slurm_accounts.sh): a job needs an
+# association, and QOS limits (the model's node share, one running job) hold.
+ACCOUNTING_ENFORCE = "associations,limits,qos"
+
+
+@dataclass(frozen=True)
+class SlurmDatabase:
+    """The accounting database slurmdbd uses (stacks/database_stack.py)."""
+
+    uri: str  # host:port
+    user_name: str
+    password_secret_arn: str  # Secrets Manager secret holding the password as a plain string
+
+
 @dataclass(frozen=True)
 class ClusterResources:
     """Ids of what the network and storage stacks created (tokens in the stack, placeholders elsewhere)."""
@@ -65,6 +79,7 @@ class ClusterResources:
     backup_bucket: str
     placement_group_name: Optional[str] = None
     partition: str = "aws"
+    database: Optional[SlurmDatabase] = None
 
     @classmethod
     def placeholders(cls, settings: Settings) -> "ClusterResources":
@@ -86,6 +101,13 @@ class ClusterResources:
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
             backup_bucket=f"{settings.cluster_name}-backups-{settings.account}",
             placement_group_name=placement_group,
+            database=SlurmDatabase(
+                uri=f"{settings.cluster_name}-accounting.c0abcdefghij.{settings.region}.rds.amazonaws.com:3306",
+                user_name="slurm",
+                password_secret_arn=(
+                    f"arn:aws:secretsmanager:{settings.region}:{settings.account}:secret:{settings.cluster_name}-slurmdbd-AbCdEf"
+                ),
+            ),
         )
 
 
@@ -133,8 +155,9 @@ def models_key(settings: Settings) -> str:
 
 
 def models_file(settings: Settings) -> str:
-    """The model list the nodes read (one name a line); the cluster stack ships it next to the config."""
-    return "".join(f"{model.name}\n" for model in settings.models)
+    """The model list the nodes read, "<name> <nodes>" a line; the cluster stack ships it next to the
+    config. The head node makes each model's Slurm account and QOS from it (node_scripts/slurm_accounts.sh)."""
+    return "".join(f"{model.name} {model.nodes}\n" for model in settings.models)
 
 
 def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
@@ -167,6 +190,17 @@ def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any
 
 
 def _scheduling(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
+    custom = custom_slurm_settings(settings)
+    database = {}
+    if resources.database is not None:
+        # ParallelCluster runs slurmdbd on the head node against this database (sacct, sreport);
+        # the enforcement turns the per-model accounts and QOS into limits.
+        database = {"Database": {
+            "Uri": resources.database.uri,
+            "UserName": resources.database.user_name,
+            "PasswordSecretArn": resources.database.password_secret_arn,
+        }}
+        custom = [*custom, {"AccountingStorageEnforce": ACCOUNTING_ENFORCE}]
     return {
         "Scheduler": "slurm",
         # A multi-node job launches all its nodes or none, so a partial launch never holds reserved
@@ -177,7 +211,8 @@ def _scheduling(settings: Settings, resources: ClusterResources) -> dict[str, An
             "EnableMemoryBasedScheduling": True,
             "QueueUpdateStrategy": "DRAIN",  # updates wait for running jobs instead of killing them
             # KillWait sized so a SIGTERM (scancel, time limit) leaves time to save (slurm_timeouts.py).
-            "CustomSlurmSettings": custom_slurm_settings(settings),
+            "CustomSlurmSettings": custom,
+            **database,
         },
         "SlurmQueues": [_gpu_queue(settings, resources), _cpu_queue(settings, resources)],
     }

@@ -7,13 +7,18 @@
 #   sbatch --array=0-9 jobs/preprocess.sh                        10 raw files (the default)
 #   sbatch --array=0-$((N - 1))%32 --cpus-per-task=16 jobs/preprocess.sh   N files, 32 at a time
 #
+#   MODEL=model1 sbatch jobs/preprocess.sh                      the data model1's training config reads
+#
 # Environment (all optional):
+#   MODEL            prepare the data of this model: DATASET_DIR and SEQ_LEN default to data.path and
+#                    data.seq_len of jobs/training/configs/$MODEL.yaml (what its training checks)
 #   RAW_DIR          raw *.txt (one document per line) / *.jsonl files (default $FSX_DATA/raw)
-#   DATASET_DIR      output dataset folder (default $FSX_DATA/tokenized)
+#   DATASET_DIR      output dataset folder (default: MODEL's data.path, else $FSX_DATA/tokenized)
 #   TOKENIZER        folder with tokenizer.json, a tokenizer.json file, or a hub model id that
 #                    is in the Hugging Face cache (nodes may have no internet; default
 #                    $FSX_DATA/tokenizer)
-#   SEQ_LEN          training sequence length: shards hold SEQ_LEN + 1 tokens per sample (2048)
+#   SEQ_LEN          training sequence length: shards hold SEQ_LEN + 1 tokens per sample
+#                    (default: MODEL's data.seq_len, else 2048)
 #   VAL_FRACTION     share of documents held out for validation in DATASET_DIR/val (0.02; 0: none)
 #   PREPROCESS_ARGS  extra flags for `python -m data_pipeline.tokenize run`, e.g. "--shard-mb 512"
 #   DATA_S3_URI      s3://<data bucket> (the node setup writes it); unset: the dataset stays on FSx only
@@ -29,10 +34,16 @@ JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 # shellcheck source=env.sh
 source "$JOBS_DIR/env.sh"
 
+model_path="" model_seq_len=""
+if [[ -n ${MODEL:-} ]]; then  # the model's own training config says where and at which seq_len
+  read -r model_path model_seq_len < <(python -c 'import sys; from training.config import load_config
+c = load_config(sys.argv[1]); print(c.data.path, c.data.seq_len)' "$JOBS_DIR/training/configs/$MODEL.yaml") \
+    || { echo "error: cannot read the data settings of model '$MODEL' from $JOBS_DIR/training/configs/$MODEL.yaml — name a model of the settings" >&2; exit 2; }
+fi
 RAW_DIR="${RAW_DIR:-$FSX_DATA/raw}"
-DATASET_DIR="${DATASET_DIR:-$FSX_DATA/tokenized}"
+DATASET_DIR="${DATASET_DIR:-${model_path:-$FSX_DATA/tokenized}}"
 TOKENIZER="${TOKENIZER:-$FSX_DATA/tokenizer}"
-SEQ_LEN="${SEQ_LEN:-2048}"
+SEQ_LEN="${SEQ_LEN:-${model_seq_len:-2048}}"
 VAL_FRACTION="${VAL_FRACTION:-0.02}"
 read -r -a extra_args <<< "${PREPROCESS_ARGS:-}"
 

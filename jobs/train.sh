@@ -6,6 +6,9 @@
 # The #SBATCH block of the model scripts, explained once here:
 #   --job-name=<model>         names the job and, through %x, its log files
 #   --nodes=<N>                the model's share of the cluster (cluster_config/prod.yaml, models:)
+#   --account/--qos=<model>    the model's Slurm account and QOS (node_scripts/slurm_accounts.sh):
+#                              Slurm holds the model to its share and to one running job; a second
+#                              submission pends (QOSGrpJobsLimit), more nodes than the share is refused
 #   --ntasks-per-node=1        one torchrun per node; torchrun starts one worker per GPU
 #   --gpus-per-node=8          every GPU of a p5e.48xlarge (CPU-only clusters: sbatch --gpus-per-node=0)
 #   --exclusive                whole nodes: no other job on the GPUs, EFA devices or CPUs

@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model1
 #SBATCH --nodes=4
+#SBATCH --account=model1
+#SBATCH --qos=model1
 #SBATCH --output=/fsx/logs/model1/%x_%j.out
 #SBATCH --error=/fsx/logs/model1/%x_%j.err
 #SBATCH --ntasks-per-node=1

@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model2
 #SBATCH --nodes=4
+#SBATCH --account=model2
+#SBATCH --qos=model2
 #SBATCH --output=/fsx/logs/model2/%x_%j.out
 #SBATCH --error=/fsx/logs/model2/%x_%j.err
 #SBATCH --ntasks-per-node=1

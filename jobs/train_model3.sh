@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model3
 #SBATCH --nodes=7
+#SBATCH --account=model3
+#SBATCH --qos=model3
 #SBATCH --output=/fsx/logs/model3/%x_%j.out
 #SBATCH --error=/fsx/logs/model3/%x_%j.err
 #SBATCH --ntasks-per-node=1

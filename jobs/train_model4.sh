@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model4
 #SBATCH --nodes=7
+#SBATCH --account=model4
+#SBATCH --qos=model4
 #SBATCH --output=/fsx/logs/model4/%x_%j.out
 #SBATCH --error=/fsx/logs/model4/%x_%j.err
 #SBATCH --ntasks-per-node=1

@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model5
 #SBATCH --nodes=12
+#SBATCH --account=model5
+#SBATCH --qos=model5
 #SBATCH --output=/fsx/logs/model5/%x_%j.out
 #SBATCH --error=/fsx/logs/model5/%x_%j.err
 #SBATCH --ntasks-per-node=1

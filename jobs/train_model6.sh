@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model6
 #SBATCH --nodes=12
+#SBATCH --account=model6
+#SBATCH --qos=model6
 #SBATCH --output=/fsx/logs/model6/%x_%j.out
 #SBATCH --error=/fsx/logs/model6/%x_%j.err
 #SBATCH --ntasks-per-node=1

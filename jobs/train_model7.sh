@@ -4,6 +4,8 @@
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name=model7
 #SBATCH --nodes=34
+#SBATCH --account=model7
+#SBATCH --qos=model7
 #SBATCH --output=/fsx/logs/model7/%x_%j.out
 #SBATCH --error=/fsx/logs/model7/%x_%j.err
 #SBATCH --ntasks-per-node=1

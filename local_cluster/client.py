@@ -11,8 +11,8 @@ Tests get one through the session fixture ``slurm_cluster`` (tests/conftest.py):
 
 Jobs see the stand-in FSx as /fsx (``.fsx`` on the host) and get the environment of ``.env``
 (sbatch exports the submitting environment), which points JOBS_VENV at the repository's venv.
-There is no accounting database: job state comes from ``scontrol show job``, which keeps
-finished jobs for MinJobAge (5 minutes).
+Job state comes from ``scontrol show job``, which keeps finished jobs for MinJobAge (5 minutes);
+``sacct`` (slurmdbd + MariaDB) keeps them for good.
 """
 
 from __future__ import annotations

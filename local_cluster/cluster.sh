@@ -11,6 +11,10 @@
 # The bridge has no route out and no NAT, so no traffic leaves the machine. Three nodes, so that a
 # two-node job can move off a node its health check drained (node_scripts/slurm_health_hook.sh runs as
 # prolog and epilog, with local_cluster/health_check.sh standing in for the GPU/EFA checks).
+# Accounting is real: slurmdbd stores into a MariaDB server of its own (data under
+# .local_cluster/state/mysql, kept across down/up), both listening on 127.0.0.1 only, and
+# node_scripts/slurm_accounts.sh creates the per-model accounts and QOS from local_cluster/models,
+# the same script the ParallelCluster head node runs.
 # Everything the cluster writes lives under .local_cluster/ in the repository root.
 set -euo pipefail
 
@@ -31,14 +35,18 @@ NET_PREFIX="${LOCAL_CLUSTER_NET:-10.199.77}"
 BRIDGE=lcbr0
 HEAD_IP="$NET_PREFIX.1"
 NODES=(node1 node2 node3)
-# Non-default ports, so a Slurm already installed on the host is not disturbed.
+# Non-default ports, so a Slurm or MySQL already installed on the host is not disturbed.
 CTLD_PORT=16817
 SLURMD_PORT=16818
+DBD_PORT=16819
+MYSQL_PORT=16306
+MYSQL_SOCKET="$RUN/mysqld.sock"
+MYSQL_DATA="$STATE/mysql"
 # Per node: 2 CPUs (the host has 2 cores; oversubscribing is fine for tests) and 4 GiB.
 NODE_CPUS=2
 NODE_MEMORY_MB=4096
 
-PACKAGES=(slurmctld slurmd slurm-client munge iproute2 util-linux procps)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux procps)
 
 log() { printf '[local-cluster] %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -137,12 +145,19 @@ SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$LOGS/slurmctld.log
 SlurmdLogFile=$LOGS/slurmd-%n.log
-# No cgroups inside namespaces and no accounting database: plain process tracking,
-# completed jobs go to a text file, live ones are read with 'scontrol show job'.
+# No cgroups inside namespaces: plain process tracking.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+# Accounting through slurmdbd (sacct, sreport); a job needs an association (user + account), and
+# the account's QOS limits hold (ParallelCluster: SlurmSettings.Database + CustomSlurmSettings).
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+# For auth/munge this names the munged socket used to reach slurmdbd (the default one is not ours).
+AccountingStoragePass=$MUNGE_SOCKET
+AccountingStorageEnforce=associations,limits,qos
+# Completed jobs also go to a text file (a record that does not need the database).
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGS/jobcomp.txt
 SelectType=select/cons_tres
@@ -180,6 +195,8 @@ EOF
     chmod 755 "$ETC/$hook.sh"
   done
 
+  write_dbd_config
+
   for node in "${NODES[@]}"; do
     {
       echo "127.0.0.1 localhost"
@@ -188,6 +205,35 @@ EOF
       for n in "${NODES[@]}"; do echo "$(node_ip "$n") $n"; done
     } >"$ETC/hosts.$node"
   done
+}
+
+# slurmdbd reads slurmdbd.conf beside the slurm.conf that SLURM_CONF names ($ETC); it must be
+# private (it holds the database password), as must the password file.
+write_dbd_config() {
+  if [[ ! -s $ETC/mysql.pass ]]; then
+    (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$ETC/mysql.pass")
+  fi
+  (
+    umask 077
+    cat >"$ETC/slurmdbd.conf" <<EOF
+$CONF_MARK for the local test cluster.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOGS/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$MYSQL_PORT
+StorageUser=slurm
+StoragePass=$(<"$ETC/mysql.pass")
+StorageLoc=slurm_acct_db
+EOF
+  )
+  chmod 600 "$ETC/slurmdbd.conf"
 }
 
 # Install the config where the Slurm commands look for it, keeping any existing one.
@@ -262,6 +308,60 @@ start_munged() {
     --log-file="$LOGS/munged.log" --seed-file="$STATE/munged.seed"
 }
 
+mysql() { mariadb --no-defaults --socket="$MYSQL_SOCKET" --user=root "$@"; }
+
+# MariaDB for slurmdbd: its own data folder (kept across restarts), socket and pid file, TCP on
+# 127.0.0.1 only. The first start creates the data folder and the 'slurm' database user.
+start_mariadb() {
+  live_pid "$RUN/mariadb.pid" mariadbd >/dev/null && return 0
+  local first=0 i
+  if [[ ! -d $MYSQL_DATA/mysql ]]; then
+    first=1
+    mariadb-install-db --no-defaults --user=root --datadir="$MYSQL_DATA" --auth-root-authentication-method=socket \
+      >"$LOGS/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $LOGS/mariadb-install.log"
+  fi
+  # slurmdbd's advice: a larger buffer pool and lock wait than the defaults.
+  setsid mariadbd --no-defaults --user=root --datadir="$MYSQL_DATA" --socket="$MYSQL_SOCKET" \
+    --pid-file="$RUN/mariadb.pid" --bind-address=127.0.0.1 --port="$MYSQL_PORT" \
+    --log-error="$LOGS/mariadb.log" --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
+    </dev/null >/dev/null 2>&1 &
+  for ((i = 0; i < 300; i++)); do
+    mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" --user=root ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  ((i < 300)) || die "MariaDB did not start in 30 s; see $LOGS/mariadb.log"
+  local pass
+  pass=$(<"$ETC/mysql.pass")
+  # Idempotent: also re-applies the password if the file was regenerated.
+  mysql -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+            ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+            GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" || die "cannot create the database user slurm"
+  ((first)) && log "MariaDB data folder created in $MYSQL_DATA"
+  return 0
+}
+
+start_slurmdbd() {
+  if ! live_pid "$RUN/slurmdbd.pid" slurmdbd >/dev/null; then
+    SLURM_CONF="$ETC/slurm.conf" slurmdbd
+  fi
+  local i
+  for ((i = 0; i < 300; i++)); do
+    sacctmgr -n show cluster >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  ((i < 300)) || die "slurmdbd does not answer after 30 s; see $LOGS/slurmdbd.log"
+  # The cluster must be known to the database before slurmctld registers with it.
+  if ! sacctmgr -nP show cluster format=cluster | grep -qx localcluster; then
+    sacctmgr -i add cluster localcluster >/dev/null
+  fi
+}
+
+# Per-model accounts and QOS: the head node's script, with the local model list, for this user.
+setup_accounts() {
+  "$REPO/node_scripts/slurm_accounts.sh" --ops-nodes 2 --user "$(id -un)" "$REPO/local_cluster/models" \
+    >>"$LOGS/accounts.log" 2>&1 || die "account set-up failed; see $LOGS/accounts.log"
+}
+
 start_slurmctld() {
   live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null && return 0
   slurmctld
@@ -309,9 +409,12 @@ cmd_up() {
   fi
   setup_network
   start_munged
+  start_mariadb
+  start_slurmdbd
   start_slurmctld
   for node in "${NODES[@]}"; do start_slurmd "$node"; done
   wait_nodes_ready
+  setup_accounts
   log "up in $(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s: controller $(hostname -s) ($HEAD_IP:$CTLD_PORT), nodes ${NODES[*]}, /fsx -> $FSX"
   sinfo
 }
@@ -324,6 +427,8 @@ cmd_down() {
   local daemons=("$RUN/slurmctld.pid:slurmctld")
   for node in "${NODES[@]}"; do daemons+=("$RUN/slurmd-$node.pid:slurmd"); done
   stop_daemons "${daemons[@]}"
+  stop_daemons "$RUN/slurmdbd.pid:slurmdbd"
+  stop_daemons "$RUN/mariadb.pid:mariadbd"
   stop_daemons "$RUN/munged.pid:munged"
   teardown_network
   if [[ -f $SLURM_CONF ]] && grep -qF "$CONF_MARK" "$SLURM_CONF"; then
@@ -342,6 +447,8 @@ cmd_status() {
   local ok=0 node pid
   report() { if pid=$(live_pid "$1" "$2"); then log "$3: running (pid $pid)"; else log "$3: NOT running"; ok=1; fi; }
   report "$RUN/munged.pid" munged munged
+  report "$RUN/mariadb.pid" mariadbd mariadb
+  report "$RUN/slurmdbd.pid" slurmdbd slurmdbd
   report "$RUN/slurmctld.pid" slurmctld slurmctld
   for node in "${NODES[@]}"; do report "$RUN/slurmd-$node.pid" slurmd "slurmd $node"; done
   if ((ok == 0)) && sinfo -h >/dev/null 2>&1; then

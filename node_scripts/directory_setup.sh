@@ -9,7 +9,7 @@
 #                      [--timeout SECONDS] [MODEL...]
 #
 # The cluster config passes the mount points from the settings (one truth with jobs/env.sh) and
-# where the list of models sharing the cluster lies (one name a line, shipped by the cluster stack;
+# where the list of models sharing the cluster lies ("<name> <nodes>" a line, shipped by the cluster stack;
 # a file, because ParallelCluster never lets OnNodeConfigured arguments change on a running cluster).
 # OnNodeUpdated adds the list's SHA-256: a changed list changes the config, so an update re-runs
 # this script, which checks it fetched that very list. Models may also be named as arguments. Per model it creates:
@@ -139,6 +139,28 @@ install_health_hooks() {
   log "node health check installed as Slurm prolog and epilog ($slurm_etc/scripts/{prolog,epilog}.d/80_llm_node_health)"
 }
 
+install_accounts() {
+  # Head node only: one Slurm account and QOS per model from the model list (the share Slurm
+  # enforces), re-run on every update (OnNodeUpdated), so added models get theirs and removed ones
+  # are retired. Needs the accounting database (SlurmSettings.Database) to answer.
+  local scripts_uri="${1%/jobs/}/node_scripts" listed="$2" user="$3" slurm_bin="${SLURM_BIN:-/opt/slurm/bin}" list i
+  if [[ ! -x "$slurm_bin/sacctmgr" ]]; then
+    log "no $slurm_bin/sacctmgr: per-model Slurm accounts not set up"
+    return
+  fi
+  install -d -m 0755 "$JOBS_HOME/accounts"
+  aws s3 cp --only-show-errors "$scripts_uri/slurm_accounts.sh" "$JOBS_HOME/accounts/slurm_accounts.sh"
+  list="$JOBS_HOME/accounts/models"
+  printf '%s\n' "$listed" >"$list"
+  for ((i = 0; i < 30; i++)); do  # slurmdbd may still be starting on the head node's first boot
+    PATH="$slurm_bin:$PATH" sacctmgr --noheader show cluster >/dev/null 2>&1 && break
+    sleep 10
+  done
+  PATH="$slurm_bin:$PATH" bash "$JOBS_HOME/accounts/slurm_accounts.sh" --user "$user" --user root "$list" 2>&1 | tee -a "$LOG_FILE" \
+    || die "Slurm account set-up failed; check that slurmdbd runs on the head node and reaches its database (SlurmSettings.Database)"
+  log "Slurm accounts and QOS set for: ${models[*]}"
+}
+
 main() {
   local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" data_uri="" timeout=600
   local models_uri="" models_sha256="" name
@@ -166,7 +188,7 @@ main() {
   if [[ -n "$models_uri" ]]; then
     local listed
     listed="$(fetch_models "$models_uri" "$models_sha256")" || exit 1
-    while read -r name; do
+    while read -r name _; do  # "<name> <nodes>" a line
       [[ -z "$name" ]] || models+=("$name")
     done <<<"$listed"
   fi
@@ -216,6 +238,7 @@ main() {
   if [[ "$node_type" == HeadNode ]]; then
     install_jobs "$jobs_uri" "$checkpoint_uri" "$data_uri"
     install_health_hooks "$jobs_uri"
+    [[ -z "$models_uri" ]] || install_accounts "$jobs_uri" "$listed" "$OWNER"
   fi
   log "done"
 }

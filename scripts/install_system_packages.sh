@@ -2,7 +2,8 @@
 # Debian packages the local cluster, the storage jobs and the tests use. Installs only what is missing.
 set -euo pipefail
 
-packages=(munge slurmctld slurmd slurm-client iproute2 procps fio)
+# slurmdbd + mariadb-server: the local cluster's accounting database (sacct, sreport, per-model QOS).
+packages=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 procps fio)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -16,5 +17,13 @@ fi
 echo "installing Debian packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
-# Debian's policy may try to start the daemons at install; the local cluster starts its own.
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Keep the packages' init scripts from starting system-wide daemons (slurmd, mariadb): the local
+# cluster starts its own, on its own paths and ports.
+policy=/usr/sbin/policy-rc.d made_policy=0
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+fi
+rc=0
+apt-get install -y -q --no-install-recommends "${missing[@]}" || rc=$?
+((made_policy)) && rm -f "$policy"
+exit "$rc"

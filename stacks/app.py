@@ -13,6 +13,7 @@ from cluster_config.plan import check_plan
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, available_environments, load_settings
 from stacks import nag
 from stacks.cluster_stack import ClusterStack
+from stacks.database_stack import DatabaseStack
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
 
@@ -23,7 +24,7 @@ CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
 class CdkApp:
     app: cdk.App
     settings: Settings
-    stacks: dict[str, cdk.Stack]  # "network", "storage" (and "cluster")
+    stacks: dict[str, cdk.Stack]  # "network", "storage", "database", "cluster"
 
 
 def new_app(outdir: Optional[str] = None) -> cdk.App:
@@ -49,12 +50,16 @@ def add_stacks(app: cdk.App, settings: Settings) -> dict[str, cdk.Stack]:
 
     network = NetworkStack(app, f"{prefix}-network", settings=settings, env=env, tags=tags)
     storage = StorageStack(app, f"{prefix}-storage", settings=settings, network=network, env=env, tags=tags)
-    cluster = ClusterStack(app, f"{prefix}-cluster", settings=settings, network=network, storage=storage, env=env, tags=tags)
+    database = DatabaseStack(app, f"{prefix}-database", settings=settings, network=network, env=env, tags=tags)
+    cluster = ClusterStack(
+        app, f"{prefix}-cluster", settings=settings, network=network, storage=storage, database=database, env=env, tags=tags
+    )
 
     nag.add_checks(app)
     nag.acknowledge_network(network)
     nag.acknowledge_bucket_deployment(cluster)
-    return {"network": network, "storage": storage, "cluster": cluster}
+    nag.acknowledge_database(database)
+    return {"network": network, "storage": storage, "database": database, "cluster": cluster}
 
 
 def build_app(env_name: str, *, config_dir: Path = CONFIG_DIR, outdir: Optional[str] = None) -> CdkApp:

@@ -36,6 +36,19 @@ ACCEPTED: dict[str, tuple[tuple[str, ...], str]] = {
                     "CloudWatch Logs encrypts log groups at rest by default; flow logs and the deployment log hold "
                     "addresses, ports and object keys, no secrets, so a customer-managed key adds cost and key policy only."),
     "CKV_AWS_18": (("AccessLogBucket",), "It is the server-access-log destination of the other buckets; logging it would log into itself."),
+    # The Slurm accounting database (stacks/database_stack.py).
+    "CKV_AWS_149": (("Password",),
+                    "The database password secret uses Secrets Manager's own key: ParallelCluster grants the head node "
+                    "GetSecretValue on it, not kms:Decrypt on a customer key, so a CMK would lock slurmdbd out."),
+    "CKV_AWS_157": (("Database",),
+                    "One instance in the cluster's zone: the cluster is single-zone, and slurmctld queues accounting "
+                    "records while RDS replaces an instance (also cdk-nag AwsSolutions-RDS3, stacks/nag.py)."),
+    "CKV_AWS_118": (("Database",),
+                    "slurmdbd's load is a few writes per job; basic CloudWatch metrics and the exported error log "
+                    "cover it without an enhanced-monitoring role."),
+    "CKV_AWS_161": (("Database",),
+                    "slurmdbd logs in with a user and password (ParallelCluster's Database settings have no IAM "
+                    "authentication); the port is open to the head node's security group only."),
     "CKV_AWS_21": (("AccessLogBucket", "AssetsBucket"),
                    "Access logs are written once by the S3 logging service and never overwritten; the assets bucket is "
                    "re-uploaded from the repository by every deploy. Data and checkpoint buckets are versioned."),

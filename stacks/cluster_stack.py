@@ -20,6 +20,7 @@ from cluster_config.render import (
     NODE_SCRIPTS_PREFIX,
     PCLUSTER_VERSION,
     ClusterResources,
+    SlurmDatabase,
     config_key,
     models_file,
     models_key,
@@ -27,6 +28,7 @@ from cluster_config.render import (
 )
 from cluster_config.settings import Settings
 from stacks import nag
+from stacks.database_stack import DatabaseStack
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
 
@@ -46,6 +48,7 @@ class ClusterStack(cdk.Stack):
         settings: Settings,
         network: NetworkStack,
         storage: StorageStack,
+        database: DatabaseStack,
         env: cdk.Environment,
         **kwargs,
     ) -> None:
@@ -64,6 +67,7 @@ class ClusterStack(cdk.Stack):
             backup_bucket=storage.backup_bucket.bucket_name,
             placement_group_name=network.placement_group.ref if network.placement_group else None,
             partition=cdk.Aws.PARTITION,
+            database=SlurmDatabase(uri=database.uri, user_name=database.instance_user, password_secret_arn=database.secret.secret_arn),
         )
         self.config = render_cluster_config(settings, self.resources)
         bucket = storage.assets_bucket

@@ -39,6 +39,33 @@ def acknowledge_network(network: NetworkStack) -> None:
         )
 
 
+def acknowledge_database(database: Construct) -> None:
+    """The Slurm accounting database's accepted findings (stacks/database_stack.py)."""
+    acknowledge(
+        database.instance,
+        "CloudFormation-Validate::W3010",
+        "The instance sits in the cluster's zone from the settings, next to the head node it serves.",
+    )
+    acknowledge(
+        database.secret,
+        "AwsSolutions::AwsSolutions-SMG4",
+        "ParallelCluster writes the password into slurmdbd.conf when the head node is configured; a rotation "
+        "would lock slurmdbd out until the next cluster update, so the password is rotated by redeploying.",
+    )
+    acknowledge(
+        database.instance,
+        "AwsSolutions::AwsSolutions-RDS3",
+        "One instance in the cluster's zone: the whole cluster is single-zone, and slurmctld keeps "
+        "working without slurmdbd for hours (it queues accounting records) while RDS replaces an instance.",
+    )
+    acknowledge(
+        database.instance,
+        "AwsSolutions::AwsSolutions-RDS11",
+        "slurmdbd is configured by ParallelCluster from a host:port URI; the port is closed to everything "
+        "but the head node's security group, so a non-default port would hide nothing.",
+    )
+
+
 def acknowledge_bucket_deployment(stack: cdk.Stack) -> None:
     """CDK's bucket deployment function (one per stack, used by the cluster stack) has findings that are CDK's design."""
     handler = next(c for c in stack.node.children if c.node.id.startswith("Custom::CDKBucketDeployment"))

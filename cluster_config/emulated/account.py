@@ -5,6 +5,7 @@
 - the buckets, the node scripts, the model list and the FSx file systems are created through the
   S3 and FSx APIs (moto has no AWS::FSx CloudFormation type), the file systems with the storage
   template's own properties, their imports resolved against the deployed network stack;
+- the accounting database's password secret is created through the Secrets Manager API;
 - the cluster config is rendered by ``cluster_config.render`` with the ids the emulated deploy returned.
 """
 
@@ -77,8 +78,14 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
         created = fsx.create_file_system(**properties)["FileSystem"]
         file_system_ids[key] = created["FileSystemId"]
 
+    # The accounting database's password secret, which ParallelCluster's PasswordSecretArnValidator
+    # describes; of the database itself it checks only the URI's form, so the instance is not created.
+    secret = client("secretsmanager").create_secret(Name=f"{settings.cluster_name}-slurmdbd", SecretString="emulated")
+    database = replace(placeholders.database, password_secret_arn=secret["ARN"])
+
     resources = replace(
         placeholders,
+        database=database,
         head_node_subnet_id=net(network.head_node_subnet.subnet_id),
         compute_subnet_id=net(network.compute_subnet.subnet_id),
         head_node_security_group_id=net(network.head_node_sg.security_group_id),

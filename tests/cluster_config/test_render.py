@@ -183,7 +183,7 @@ def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_f
         assert args[args.index("--data-uri") + 1] == f"s3://{resources.data_bucket}"
         assert args[args.index("--models-uri") + 1] == models_uri
         assert not set(args) & {m.name for m in settings.models}  # no model name in OnNodeConfigured
-    assert models_file(settings) == "".join(f"{m.name}\n" for m in settings.models)
+    assert models_file(settings) == "".join(f"{m.name} {m.nodes}\n" for m in settings.models)
     updated = config["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"]
     assert updated[:-2] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"]
     assert updated[-2:] == ["--models-sha256", hashlib.sha256(models_file(settings).encode()).hexdigest()]

@@ -28,7 +28,9 @@ def test_rendered_config_carries_kill_wait_and_parallelcluster_allows_the_keys(e
     settings = load_settings(env)
     slurm = render_cluster_config(settings, ClusterResources.placeholders(settings))["Scheduling"]["SlurmSettings"]
     custom = {k: v for item in slurm["CustomSlurmSettings"] for k, v in item.items()}
-    assert custom == {"KillWait": kill_wait_seconds(settings), "UnkillableStepTimeout": 180}
+    # (and the per-model QOS enforcement the accounting database makes possible: render.py)
+    assert custom == {"KillWait": kill_wait_seconds(settings), "UnkillableStepTimeout": 180,
+                      "AccountingStorageEnforce": "associations,limits,qos"}
     assert custom["KillWait"] >= 120 > 30  # Slurm's default of 30 s fits no save
     # ParallelCluster refuses some slurm.conf keys (it owns Prolog, Epilog, ...): ours are not among them.
     denied = subprocess.run(

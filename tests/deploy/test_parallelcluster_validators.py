@@ -66,8 +66,12 @@ def test_settings_changes_during_a_run_that_a_running_cluster_accepts(report, en
     for scenario in ("add a model", "remove a model", "raise cpu_queue.max_count"):
         assert updates[scenario]["allowed"], (scenario, updates[scenario]["rows"])
         assert updates[scenario]["rows"], f"{scenario}: the config did not change, so nothing was checked"
-    # A model's node count lives in its job script and the plan, not in the cluster config.
-    assert updates["resize a model"] == {"allowed": True, "rows": []}
+    # A model's node count reaches the head node only through the model list (its Slurm QOS,
+    # node_scripts/slurm_accounts.sh): the list's digest in OnNodeUpdated changes, and that is all.
+    resize = updates["resize a model"]
+    assert resize["allowed"]
+    assert [(row[0], row[1], row[4]) for row in resize["rows"]] == [
+        ("['HeadNode', 'CustomActions', 'OnNodeUpdated']", "Args", "SUCCEEDED")]
 
 
 @pytest.mark.parametrize("env", ENVS)

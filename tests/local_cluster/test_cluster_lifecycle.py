@@ -16,7 +16,7 @@ OUR_NETNS = ("lc-node1", "lc-node2", "lc-node3")
 
 
 def daemons() -> list[str]:
-    """'comm pid' of every Slurm daemon and of munged serving the cluster's socket."""
+    """'comm pid' of every Slurm daemon and of the munged and MariaDB serving the cluster."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -26,7 +26,7 @@ def daemons() -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if comm in ("slurmctld", "slurmd") or (comm == "munged" and OUR_STATE in cmdline):
+        if comm in ("slurmctld", "slurmd", "slurmdbd") or (comm in ("munged", "mariadbd") and OUR_STATE in cmdline):
             found.append(f"{comm} {proc.name}")
     return found
 

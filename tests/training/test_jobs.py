@@ -32,6 +32,8 @@ def test_one_script_per_planned_model_with_its_nodes_and_log_paths():
         d = directives(REPO / f"jobs/train_{model['name']}.sh")
         assert d["job-name"] == model["name"]
         assert d["nodes"] == str(model["nodes"])
+        # Its own Slurm account and QOS (node_scripts/slurm_accounts.sh): the share Slurm enforces.
+        assert d["account"] == d["qos"] == model["name"]
         # Absolute: Slurm expands no variables in --output; the folder is the model's log folder.
         assert d["output"] == f"/fsx/logs/{model['name']}/%x_%j.out"
         assert d["error"] == f"/fsx/logs/{model['name']}/%x_%j.err"
@@ -39,7 +41,7 @@ def test_one_script_per_planned_model_with_its_nodes_and_log_paths():
 
 
 def test_common_directives_are_identical_and_safe():
-    common = [{k: v for k, v in directives(p).items() if k not in ("job-name", "nodes", "output", "error")}
+    common = [{k: v for k, v in directives(p).items() if k not in ("job-name", "nodes", "account", "qos", "output", "error")}
               for p in SCRIPTS]
     assert all(c == common[0] for c in common)
     c = common[0]

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Submit a model's training only after its preflight passed on this (head) node:
+#   bash jobs/submit.sh MODEL [--config FILE] [section.key=value ...]
+# Runs `python -m training.preflight` with the same arguments (config parses; dataset exists and
+# matches seq_len, vocabulary and dtype; its tokenizer loads; checkpoint folder writable). On a
+# problem it prints `error: <what> — <fix>` and exits 2 without taking any node; else it runs
+# `sbatch jobs/train_MODEL.sh` with the arguments (SBATCH_* variables still apply).
+set -euo pipefail
+MODEL="${1:?usage: submit.sh MODEL [--config FILE] [section.key=value ...]}"
+shift
+JOBS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+script="$JOBS_DIR/train_$MODEL.sh"
+if [[ ! -f $script ]]; then
+  echo "error: no job script $script for model '$MODEL' — use a model of the settings' models: list" >&2
+  exit 2
+fi
+# shellcheck source=jobs/env.sh
+source "$JOBS_DIR/env.sh"
+python -m training.preflight "$MODEL" "$@" || exit $?
+cd "$JOBS_DIR/.."  # the model scripts find jobs/ under the submit directory
+exec sbatch "$script" "$@"

@@ -1,0 +1,100 @@
+"""Checks a model's training run on the head node before it takes any node.
+
+    python -m training.preflight MODEL [--config FILE] [section.key=value ...]
+
+What the job would otherwise find out only after Slurm allocated its nodes:
+- the config (jobs/training/configs/<MODEL>.yaml, or --config, with the overrides) parses;
+- the dataset at data.path exists and matches the config: seq_len, vocabulary (the model's
+  vocab_size holds every token id), dtype (the smallest that holds the vocabulary);
+- the tokenizer the dataset was made with still loads and is the same one (SHA-256);
+- the checkpoint folder can be created and written.
+Prints one line per check; exit 0 when all pass, 2 with ``error: <what> — <fix>`` lines otherwise.
+``jobs/submit.sh`` runs it before ``sbatch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from data_pipeline.loader import DatasetError, check_compatible, read_dataset_meta
+from data_pipeline.shards import token_dtype_name
+from data_pipeline.tokenizer import TokenizerError, load_tokenizer
+from training.config import ConfigError, load_config
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
+    """Problems found (empty: ready to submit); prints what passed."""
+    path = Path(config) if config else CONFIGS / f"{model}.yaml"
+    try:
+        cfg = load_config(path, overrides)
+    except (ConfigError, FileNotFoundError) as exc:
+        return [f"config {path}: {exc} — fix the file or the override"]
+    print(f"ok: config {path} ({cfg.model.preset}, seq_len {cfg.data.seq_len})")
+
+    problems = []
+    try:
+        meta = read_dataset_meta(cfg.data.path)
+    except DatasetError as exc:
+        problems.append(f"dataset: {exc} — run jobs/preprocess.sh for {model} (seq_len {cfg.data.seq_len}) "
+                        "or point data.path at the right folder")
+        meta = None
+    if meta is not None:
+        vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64  # as train.py sizes it
+        try:
+            check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size,
+                             dtype=token_dtype_name(meta.vocab_size))
+            print(f"ok: dataset {meta.path} (seq_len {meta.seq_len}, vocab {meta.vocab_size}, {meta.dtype}, "
+                  f"{meta.total_tokens:,} tokens)")
+        except DatasetError as exc:
+            problems.append(f"{exc} — re-tokenize for this model, or fix data.path / data.seq_len")
+        problems += _check_tokenizer(meta.tokenizer)
+    problems += _check_writable(Path(cfg.checkpoint.dir))
+    return problems
+
+
+def _check_tokenizer(identity: dict) -> list[str]:
+    name = identity.get("name", "")
+    try:
+        tokenizer = load_tokenizer(name)
+    except (TokenizerError, OSError, ValueError) as exc:
+        return [f"tokenizer {name!r} of the dataset does not load: {exc} — make it available on the head node"]
+    if identity.get("sha256") and tokenizer.identity["sha256"] != identity["sha256"]:
+        return [f"tokenizer {name!r} changed since the dataset was made (SHA-256 differs) — "
+                "re-tokenize, or restore the tokenizer the dataset names"]
+    print(f"ok: tokenizer {name}")
+    return []
+
+
+def _check_writable(folder: Path) -> list[str]:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".preflight-"):
+            pass
+    except OSError as exc:
+        return [f"checkpoint folder {folder} is not writable: {exc.strerror} — fix its owner or checkpoint.dir"]
+    print(f"ok: checkpoint folder {folder} writable")
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.preflight", description=__doc__.split("\n")[0])
+    parser.add_argument("model", help="model name, e.g. model1")
+    parser.add_argument("--config", help="config file (default: jobs/training/configs/MODEL.yaml)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    args = parser.parse_args(argv)
+    problems = check(args.model, args.config, args.overrides)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"preflight: {args.model} NOT submitted: {len(problems)} problem(s); no nodes were taken", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

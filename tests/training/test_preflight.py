@@ -1,0 +1,98 @@
+"""Preflight before allocation: a run that would fail on its nodes is refused on the head node."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from training import preflight
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "jobs/training/configs/tiny.yaml"
+
+
+def run_check(data: Path, ckpt: Path, *overrides: str) -> list[str]:
+    return preflight.check("tiny", str(TINY), [f"data.path={data}", f"checkpoint.dir={ckpt}", f"log.dir={ckpt}.logs", *overrides])
+
+
+def test_a_matching_dataset_passes(tiny_data, tmp_path, capsys):
+    assert run_check(tiny_data, tmp_path / "ckpt") == []
+    out = capsys.readouterr().out
+    assert "ok: dataset" in out and "ok: tokenizer" in out and "ok: checkpoint folder" in out
+
+
+def test_seq_len_mismatch_is_refused_naming_both_values(tiny_data, tmp_path):
+    problems = run_check(tiny_data, tmp_path / "ckpt", "data.seq_len=4096")
+    assert len(problems) == 1
+    assert "seq_len: dataset has 128, training config has 4096" in problems[0]
+
+
+def test_too_small_vocabulary_is_refused(tiny_data, tmp_path):
+    problems = run_check(tiny_data, tmp_path / "ckpt", "model.vocab_size=64")
+    assert any("vocab_size" in p and "model has 64" in p for p in problems), problems
+
+
+def test_missing_dataset_says_how_to_make_it(tmp_path):
+    problems = run_check(tmp_path / "nothing", tmp_path / "ckpt")
+    assert len(problems) == 1 and "run jobs/preprocess.sh for tiny" in problems[0]
+
+
+def test_changed_or_missing_tokenizer_is_refused(tiny_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    meta = (data / "dataset.json").read_text()
+    (data / "dataset.json").write_text(meta.replace('"sha256": "', '"sha256": "0', 1))
+    problems = run_check(data, tmp_path / "ckpt")
+    assert any("tokenizer" in p and "changed since the dataset was made" in p for p in problems), problems
+
+
+def test_unwritable_checkpoint_folder_is_refused(tiny_data, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    problems = run_check(tiny_data, blocker / "ckpt")
+    assert len(problems) == 1 and f"checkpoint folder {blocker / 'ckpt'} is not writable" in problems[0]
+
+
+def test_bad_config_is_refused(tiny_data, tmp_path):
+    problems = run_check(tiny_data, tmp_path / "ckpt", "train.steps=-1")
+    assert len(problems) == 1 and problems[0].startswith(f"config {TINY}: ") and "train.steps" in problems[0]
+
+
+def test_submit_refuses_without_calling_sbatch(tmp_path):
+    # sbatch on PATH records any call: the refusal must happen before it.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho called >{tmp_path}/sbatch-called\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "JOBS_VENV": str(REPO / ".venv"),
+           "FSX_DATA": str(tmp_path / "fsx-data"), "FSX_CHECKPOINTS": str(tmp_path / "ckpt"),
+           "CLUSTER_ENV": str(tmp_path / "none.env")}
+    result = subprocess.run(["bash", "jobs/submit.sh", "model1"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "error: dataset:" in result.stderr and "NOT submitted" in result.stderr
+    assert not (tmp_path / "sbatch-called").exists()
+    unknown = subprocess.run(["bash", "jobs/submit.sh", "model99"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert unknown.returncode == 2 and "no job script" in unknown.stderr
+
+
+def test_preprocess_for_a_model_makes_the_data_its_preflight_accepts(tmp_path, monkeypatch):
+    from data_pipeline.sample_data import make_sample
+
+    files, tokenizer = make_sample(tmp_path / "src", num_files=1, total_bytes=60_000)
+    env = {**os.environ, "JOBS_VENV": str(REPO / ".venv"), "FSX_DATA": str(tmp_path / "fsx-data"),
+           "CLUSTER_ENV": str(tmp_path / "none.env"), "MODEL": "tiny", "RAW_DIR": str(files[0].parent),
+           "TOKENIZER": str(tokenizer), "VAL_FRACTION": "0"}
+    result = subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # configs/tiny.yaml: data.path ${FSX_DATA}/tokenized-sample at seq_len 128, not the generic defaults.
+    assert f"-> {tmp_path}/fsx-data/tokenized-sample (seq_len 128)" in result.stdout
+    monkeypatch.setenv("FSX_DATA", str(tmp_path / "fsx-data"))
+    assert preflight.check("tiny", None, [f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs"]) == []
+
+    unknown = subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env={**env, "MODEL": "model99"},
+                             capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "cannot read the data settings of model 'model99'" in unknown.stderr
