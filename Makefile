@@ -52,7 +52,7 @@ deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.insta
 synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every environment offline and lint the templates
 	source $(VENV)/bin/activate && scripts/synth_all.sh
 
-validate: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed  ## every environment: ParallelCluster's schema, then deployed into an emulated account: its validators, update checks, checkov
+validate: deps-cdk .venv-pcluster/.installed .venv-checkov/.installed  ## every environment: ParallelCluster's schema, then deployed into an emulated account: its validators, update checks, checkov
 	$(PY) -m cluster_config validate --all
 
 plan: $(VENV)/.cdk-installed  ## print the multi-model plan of ENV (default dev): tokens, days, cost, GPU memory, checkpoints
