@@ -45,8 +45,8 @@ def test_every_production_model_fits_a_h200_with_headroom(production_reports):
         assert report.fits and report.fraction <= 1 - HEADROOM, report.summary()
         assert report.categories["activations"] > 0 and report.categories["optimizer"] > 0, report.summary()
     model7 = production_reports["model7"]
-    assert model7.world_size == 112 and model7.layout == "FSDP 14 x TP 8"  # the TP layout at production size
-    assert production_reports["model1"].layout.startswith("HSDP 88")
+    assert model7.world_size == 272 and model7.layout == "FSDP 34 x TP 8"  # the TP layout at production size
+    assert production_reports["model1"].layout.startswith("HSDP 32")
 
 
 @pytest.mark.slow
