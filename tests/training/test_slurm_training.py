@@ -151,7 +151,12 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     assert last < first - 1.0, (first, last)
     out = uninterrupted.output()
     assert "model1 on 2 nodes x 1 workers" in out  # one per (stand-in) GPU
-    assert "config jobs/training/configs/tiny.yaml, arguments: --config" in out  # the one the trainer read
+    # The start line names the config the trainer read: the copy of tiny.yaml in the job's code snapshot.
+    logged = re.search(r"config (\S+), arguments: --config", out).group(1)
+    snapshot = uninterrupted.host_root / f"logs/model1/code/{uninterrupted.id}"
+    assert logged.startswith(f"/fsx/{uninterrupted.root}/logs/model1/code/{uninterrupted.id}/"), logged
+    tiny = Path(__file__).resolve().parents[2] / "jobs/training/configs/tiny.yaml"
+    assert (snapshot / Path(logged).name).read_text() == tiny.read_text()
     assert "step 40/40 (elapsed " in out  # the training log line's progress
     assert "status complete" in out
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
