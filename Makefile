@@ -62,7 +62,7 @@ lint: $(VENV)/.cdk-installed  ## shellcheck every shell script
 	$(VENV)/bin/shellcheck -S warning $$(git ls-files '*.sh')
 
 # --- the local Slurm cluster -------------------------------------------------------------------
-cluster-up: deps  ## start the local two-node Slurm cluster (root)
+cluster-up: deps  ## start the local three-node Slurm cluster (with slurmdbd) (root)
 	local_cluster/cluster.sh up
 
 cluster-down:  ## stop it and remove everything it made
