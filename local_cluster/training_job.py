@@ -98,21 +98,7 @@ class TrainingJob:
     # --- faults ---------------------------------------------------------------------------------
     def worker_pids(self, node: str | None = None) -> list[int]:
         """Training workers of this job (children of its torchruns), optionally only those on ``node``."""
-        pids = []
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                env = (proc / "environ").read_bytes().split(b"\0")
-                cmd = (proc / "cmdline").read_bytes()
-                ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                parent_cmd = Path(f"/proc/{ppid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            is_python = b"python" in cmd.split(b"\0")[0]  # not srun, whose command line names torchrun too
-            if (f"SLURM_JOB_ID={self.id}".encode() in env and is_python and b"training.train" in cmd
-                    and b"torchrun" in parent_cmd
-                    and (node is None or f"SLURMD_NODENAME={node}".encode() in env)):
-                pids.append(int(proc.name))
-        return sorted(pids)
+        return worker_pids(self.id, node)
 
     def nodes(self) -> list[str]:
         """The nodes the job runs on now (expanded from NodeList)."""
@@ -137,3 +123,22 @@ def continue_stopped(pid: int) -> None:
         os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         pass
+
+
+def worker_pids(job_id: str, node: str | None = None) -> list[int]:
+    """Training workers of Slurm job ``job_id``: children of its torchruns (the nodes share the host's /proc)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes()
+            ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            parent_cmd = Path(f"/proc/{ppid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        is_python = b"python" in cmd.split(b"\0")[0]  # not srun, whose command line names torchrun too
+        if (f"SLURM_JOB_ID={job_id}".encode() in env and is_python and b"training.train" in cmd
+                and b"torchrun" in parent_cmd
+                and (node is None or f"SLURMD_NODENAME={node}".encode() in env)):
+            pids.append(int(proc.name))
+    return sorted(pids)

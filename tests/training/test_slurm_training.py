@@ -21,6 +21,7 @@ import pytest
 
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 from local_cluster import demo_data
+from local_cluster.training_job import worker_pids
 
 pytestmark = pytest.mark.slurm
 
@@ -76,21 +77,7 @@ class Job:
         self.wait_until(f"step {step}", lambda records: any(r.get("step", 0) >= step and "loss" in r for r in records))
 
     def worker_pids(self) -> list[int]:
-        """Training workers of this job: children of its torchruns (the nodes share the host's /proc)."""
-        pids = []
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                env = (proc / "environ").read_bytes().split(b"\0")
-                cmd = (proc / "cmdline").read_bytes()
-                ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                parent_cmd = Path(f"/proc/{ppid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            is_python = b"python" in cmd.split(b"\0")[0]  # not srun, whose command line names torchrun too
-            if f"SLURM_JOB_ID={self.id}".encode() in env and is_python and b"training.train" in cmd \
-                    and b"torchrun" in parent_cmd:
-                pids.append(int(proc.name))
-        return sorted(pids)
+        return worker_pids(self.id)
 
 
 @pytest.fixture(scope="module")
