@@ -48,6 +48,7 @@ ENTRY_POINTS = [
     ([sys.executable, "app.py"], "no environment chosen: pass -c env=NAME"),
     (["local_cluster/cluster.sh", "restart"], "unknown command 'restart' — usage:"),
     (["bash", "jobs/train.sh"], "no model given — usage: train.sh MODEL"),
+    (["bash", "jobs/usage.sh", "-t", "days"], "unknown unit 'days' — usage: usage.sh [-t hours|minutes|seconds] [START]"),
 ]
 
 

@@ -7,8 +7,11 @@ scheduling and bookkeeping, not the payload.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
+from collections import defaultdict
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -92,8 +95,60 @@ def test_two_models_run_side_by_side_on_their_shares(slurm_cluster, cancel_after
     assert rows[model1][:3] == ["model1", "model1", "2"]
     assert rows[model2][:3] == ["model2", "model2", "1"]
     assert int(rows[model1][3]) >= 5 and int(rows[model2][3]) >= 5
-    usage = run("bash", str(slurm_cluster.repo / "jobs" / "usage.sh"))  # node-hours per account, from sacct
-    assert "model1" in usage and "model2" in usage
+
+
+def sreport_node_seconds(window_start: str) -> tuple[str, str, dict[str, int]]:
+    """sreport's job report for the hour from WINDOW_START: (start, end) as sreport printed them and
+    node-seconds per account. Job reports read the job records, not slurmdbd's hourly roll-up."""
+    out = run("sreport", "-P", "-t", "seconds", "-T", "node", "job", "SizesByAccount", "FlatView",
+              "grouping=individual", f"start={window_start}", "end=now")
+    start, last = re.search(r"^Job Sizes (\S+) - (\S+) ", out, re.M).groups()  # last: end - 1 s
+    end = (datetime.fromisoformat(last) + timedelta(seconds=1)).isoformat()
+    header, *rows = [line.split("|") for line in out.splitlines() if "|" in line]
+    assert header[:2] == ["Cluster", "Account"] and header[-1] == "% of cluster", header
+    return start, end, {row[1]: sum(int(v) for v in row[2:-1]) for row in rows}
+
+
+def sacct_node_seconds(start: str, end: str) -> dict[str, int]:
+    # -T: each job cut to the window, as sreport does; finished jobs only, so "now" does not move.
+    out = run("sacct", "-X", "-a", "-n", "-P", "-T", "-S", start, "-E", end, "--format=Account,NNodes,ElapsedRaw,State")
+    usage: dict[str, int] = defaultdict(int)
+    for account, nodes, elapsed, job_state in (line.split("|") for line in out.splitlines()):
+        assert job_state not in ("RUNNING", "PENDING"), out
+        usage[account] += int(nodes) * int(elapsed)
+    return dict(usage)
+
+
+def test_sreport_shows_each_models_node_time_of_this_hour_as_sacct_does(slurm_cluster):
+    now = time.localtime()
+    if now.tm_min == 59 and now.tm_sec > 15:  # the jobs must run within one hour
+        time.sleep(61 - now.tm_sec)
+    hour = time.strftime("%Y-%m-%dT%H:00:00")
+    before = sreport_node_seconds(hour)[2]
+    model1 = submit(slurm_cluster, "model1", 2, 8)
+    model2 = submit(slurm_cluster, "model2", 1, 8)
+    for job in (model1, model2):
+        assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)
+    deadline = time.monotonic() + 30
+    while True:  # the controller sends the end records to slurmdbd asynchronously
+        start, end, by_sreport = sreport_node_seconds(hour)
+        by_sacct = sacct_node_seconds(start, end)
+        grown = all(by_sreport.get(m, 0) - before.get(m, 0) >= 8 * n for m, n in (("model1", 2), ("model2", 1)))
+        if grown and by_sreport == by_sacct:
+            break
+        assert time.monotonic() < deadline, f"sreport {start}-{end}: {by_sreport}, before {before}; sacct: {by_sacct}"
+        time.sleep(1)
+    print(f"node-seconds {start} - {end}: sreport {by_sreport}, sacct {by_sacct}")
+    # usage.sh prints both, and says the roll-up (sreport cluster ...) has complete hours only;
+    # from the previous hour, so that its window holds one complete hour.
+    previous = (datetime.fromisoformat(hour) - timedelta(hours=1)).isoformat()
+    usage = run("bash", str(slurm_cluster.repo / "jobs" / "usage.sh"), "-t", "minutes", previous)
+    print(usage)
+    sacct_part, rollup_part, job_part = usage.split("\n\n")
+    assert re.search(r"^  model1 +\d+ +\d+\.\d{4}$", sacct_part, re.M), usage
+    assert "complete hours only" in rollup_part and "Cluster/Account/User Utilization" in rollup_part, usage
+    assert "Job Sizes" in job_part and "TRES type is node" in job_part, usage
+    assert re.search(r"^ *\S+ +model1 ", job_part, re.M) and re.search(r"^ *\S+ +model2 ", job_part, re.M), usage
 
 
 def test_a_job_beyond_the_models_share_is_refused_at_submission(slurm_cluster):
