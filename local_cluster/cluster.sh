@@ -4,6 +4,8 @@
 #   local_cluster/cluster.sh up       start it (installs the Debian packages if missing); idempotent
 #   local_cluster/cluster.sh down     stop what `up` started and remove what it created; idempotent
 #   local_cluster/cluster.sh status   short health summary; exits non-zero unless the cluster is up
+#   local_cluster/cluster.sh rollup   roll the hour in progress up now, so that sreport's cluster and
+#                                     user reports show it (provisional: see cmd_rollup)
 #
 # Layout: slurmctld and munged run on the host (the "head node"); node1, node2 and node3 each run a
 # slurmd in their own network + UTS + mount namespace, with a veth into a host bridge, their own
@@ -462,9 +464,31 @@ cmd_status() {
   return "$ok"
 }
 
+# sreport's cluster and user reports read slurmdbd's usage tables, which slurmdbd fills once an hour
+# for the hours that have ended (its rollup), so they never show the hour in progress. This runs the
+# same rollup now over the hour in progress: `sacctmgr rollup START END` (a Slurm admin command
+# that its man page does not list) with END the next full hour. Finished jobs count exactly as
+# slurmdbd will count them; a job still running counts as if it ran to END. Provisional: the roll-up
+# does not advance slurmdbd's last-rollup mark, so slurmdbd rolls the hour up again when it ends
+# (at its next start if it is down then) and those figures replace these.
+cmd_rollup() {
+  live_pid "$RUN/slurmdbd.pid" slurmdbd >/dev/null || die "slurmdbd is not running; start the cluster with '$0 up'"
+  local hour next out running
+  hour=$(date +%Y-%m-%dT%H:00:00)
+  next=$(date -d "${hour/T/ } 1 hour" +%Y-%m-%dT%H:00:00)
+  out=$(sacctmgr -i rollup "$hour" "$next" 2>&1) || die "sacctmgr rollup $hour $next failed: $out"
+  log "rolled up $hour to now; see: sreport -t minutes cluster AccountUtilizationByUser start=$hour end=now"
+  log "provisional: slurmdbd rolls this hour up again at ${next#*T}"
+  running=$(squeue -h -t running,completing -o %i 2>/dev/null | wc -l)
+  if ((running)); then
+    log "warning: $running job(s) still running; each counts as if it ran until ${next#*T} (run rollup again after they end)" >&2
+  fi
+}
+
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status" >&2; exit 2 ;;
+  rollup) cmd_rollup ;;
+  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status|rollup" >&2; exit 2 ;;
 esac

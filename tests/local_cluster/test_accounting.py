@@ -151,6 +151,36 @@ def test_sreport_shows_each_models_node_time_of_this_hour_as_sacct_does(slurm_cl
     assert re.search(r"^ *\S+ +model1 ", job_part, re.M) and re.search(r"^ *\S+ +model2 ", job_part, re.M), usage
 
 
+def test_cluster_sh_rollup_puts_this_hours_usage_into_sreports_cluster_report(slurm_cluster):
+    # sreport cluster AccountUtilizationByUser reads slurmdbd's hourly roll-up: nothing of the hour in
+    # progress until `cluster.sh rollup` runs that roll-up over it.
+    now = time.localtime()
+    if now.tm_min == 59 and now.tm_sec > 15:  # the jobs and the roll-up must fall in one hour
+        time.sleep(61 - now.tm_sec)
+    hour = time.strftime("%Y-%m-%dT%H:00:00")
+    jobs = {model: submit(slurm_cluster, model, nodes, 5) for model, nodes in (("model1", 2), ("model2", 1))}
+    for job in jobs.values():
+        assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)
+    deadline = time.monotonic() + 30
+    while run("sacct", "-X", "-n", "-P", "-j", ",".join(jobs.values()), "--format=State").split() != ["COMPLETED"] * 2:
+        assert time.monotonic() < deadline, "the end records did not reach slurmdbd"  # sent asynchronously
+        time.sleep(1)
+    assert not run("squeue", "-h", "-t", "running,completing"), "a running job would count to the hour's end"
+    rolled = run(str(slurm_cluster.repo / "local_cluster" / "cluster.sh"), "rollup")
+    assert f"rolled up {hour} to now" in rolled, rolled
+    out = run("sreport", "-P", "-t", "seconds", "-T", "node", "cluster", "AccountUtilizationByUser",
+              f"start={hour}", "end=now")
+    print(out)
+    start, last = re.search(r"^Cluster/Account/User Utilization (\S+) - (\S+) ", out, re.M).groups()
+    end = (datetime.fromisoformat(last) + timedelta(seconds=1)).isoformat()
+    # Account lines have no login; user lines repeat the account with a login.
+    by_rollup = {r[1]: int(r[5]) for r in (line.split("|") for line in out.splitlines())
+                 if len(r) == 6 and r[0] != "Cluster" and not r[2] and r[1] != "root"}
+    by_sacct = sacct_node_seconds(start, end)
+    for model in jobs:
+        assert by_rollup.get(model) == by_sacct[model] and by_sacct[model] >= 5, (model, by_rollup, by_sacct)
+
+
 def test_a_job_beyond_the_models_share_is_refused_at_submission(slurm_cluster):
     refused = sbatch_raw(slurm_cluster, "--account=model2", "--qos=model2", "--nodes=2")
     assert refused.returncode != 0
