@@ -44,7 +44,12 @@ def training_config(settings: Settings, model: ModelPlan) -> dict:
         key = "recipe" if model.recipe else "preset (no recipe named like it)"
         raise SettingsError(f"{where}: {key} {model.recipe_name!r} has no recipe {recipe.relative_to(REPO_ROOT)}; "
                             f"set recipe: to one of {known}, or add that file")
-    config = copy.deepcopy(read_config_file(recipe))
+    config: dict = {"name": model.name, "model": {"preset": model.preset}}  # first in the file: what it trains
+    for section, values in read_config_file(recipe).items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(copy.deepcopy(values))
+        else:
+            config[section] = values
     facts = {
         "name": model.name,
         "model.preset": model.preset,
