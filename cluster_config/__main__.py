@@ -1,7 +1,10 @@
-"""Command line: ``python -m cluster_config {render,plan,validate}``.
+"""Command line: ``python -m cluster_config {render,plan,jobs,validate,...}``.
 
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
   plan --env prod          print nodes/GPUs per model, hourly cost, FSx throughput vs demand
+  jobs --env dev --out jobs [--model-list FILE]
+                           write each model's jobs/train_<model>.sh and jobs/models/<model>.yaml (and
+                           the "<name> <nodes>" list for the Slurm accounts) derived from its settings
   validate --all           render every environment and load it with ParallelCluster's own schema, then
                            deploy it into an emulated account and run ParallelCluster's validators and
                            update checks (cluster_config/emulated; --schema-only skips that)
@@ -20,9 +23,10 @@ import tempfile
 from pathlib import Path
 
 from cluster_config.emulated import PclusterNotInstalled
+from cluster_config.model_jobs import write_job_files
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
 from cluster_config.plan import build_plan, format_plan, fsx_expectations
-from cluster_config.render import ClusterResources, RenderError, render_cluster_config, to_yaml
+from cluster_config.render import ClusterResources, RenderError, models_file, render_cluster_config, to_yaml
 from cluster_config.settings import SettingsError, available_environments, load_settings
 
 
@@ -44,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
     update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
+    jobs = commands.add_parser("jobs", help="write each model's job script and training config")
+    jobs.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    jobs.add_argument("--out", required=True, type=Path, help="the jobs folder to write into, e.g. jobs")
+    jobs.add_argument("--model-list", type=Path, help="also write the model list node_scripts/slurm_accounts.sh reads")
     validate = commands.add_parser("validate", help="check rendered configs against ParallelCluster's schema")
     which = validate.add_mutually_exclusive_group(required=True)
     which.add_argument("--env")
@@ -57,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
             print(to_yaml(render_cluster_config(settings, ClusterResources.placeholders(settings))), end="")
         elif args.command == "plan":
             print(format_plan(build_plan(load_settings(args.env))))
+        elif args.command == "jobs":
+            settings = load_settings(args.env)
+            for path in write_job_files(settings, args.out):
+                print(f"wrote {path}")
+            if args.model_list:
+                args.model_list.write_text(models_file(settings))
+                print(f"wrote {args.model_list}")
         elif args.command == "fsx-expected":
             print(fsx_expectations(load_settings(args.env)))
         elif args.command == "update-check":

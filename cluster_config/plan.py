@@ -2,7 +2,8 @@
 
 Settings already refuse a plan larger than the GPU queue or its capacity reservation; this module
 reports on a valid one (``python -m cluster_config plan --env prod``, and at every synth). Per model
-it reads the training config the job runs (``jobs/training/configs/<model>.yaml``) and works out:
+it reads the training config the job runs (derived from the model's entry: cluster_config/model_jobs.py)
+and works out:
 
 - tokens to train (steps x global batch x seq_len) and training FLOPs (6 x matmul parameters +
   causal attention per token, as MFU counts them in ``jobs/training/metrics.py``);
@@ -15,28 +16,22 @@ it reads the training config the job runs (``jobs/training/configs/<model>.yaml`
   ``checkpoint.keep`` complete ones + one being written) against the checkpoint file system.
 
 A model that does not fit in GPU memory and checkpoints that overflow the file system are errors
-(synth stops: ``stacks/app.py``); a late model, a global batch that does not divide and an
-under-provisioned data file system are warnings. Each comes with the fix.
+(synth stops: ``stacks/app.py``), as is a model entry whose training config does not validate (a
+global batch that does not divide, a bad override); a late model and an under-provisioned data file
+system are warnings. Each comes with the fix.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
+from training.presets import PRESETS  # the model shapes and the memory model: torch-free, from jobs/
+from training.sizing import GIB, RunShape, checkpoint_bytes, memory
 
-from cluster_config.settings import Settings, SettingsError
+from cluster_config.model_jobs import model_config
+from cluster_config.settings import ModelPlan, Settings, SettingsError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TRAINING_CONFIGS = REPO_ROOT / "jobs/training/configs"
-# The model shapes and the memory model live with the training code, torch-free: import them from there.
-if str(REPO_ROOT / "jobs") not in sys.path:
-    sys.path.append(str(REPO_ROOT / "jobs"))
-from training.presets import PRESETS  # noqa: E402
-from training.sizing import GIB, RunShape, checkpoint_bytes, memory  # noqa: E402
 
 TIB = 2**40
 COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER = 20  # "Training Compute-Optimal Large Language Models" (Chinchilla)
@@ -59,10 +54,6 @@ GPUS = {
     "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125),
 }
 
-# What a training config leaves out takes the default of jobs/training/config.py.
-TRAIN_DEFAULTS = {"parallelism": "fsdp", "activation_checkpointing": False}
-CHECKPOINT_DEFAULTS = {"every": 500, "keep": 3}
-
 
 class PlanError(SettingsError):
     """The plan cannot run: a model does not fit in GPU memory, or checkpoints overflow their file system."""
@@ -75,7 +66,6 @@ class ModelRow:
     nodes: int
     gpus: int
     cost_per_hour_usd: float
-    config: str = ""  # the training config file read, relative to the repository
     parameters: float = 0.0
     tokens: float = 0.0
     flops: float = 0.0
@@ -148,14 +138,7 @@ def gpu_of(settings: Settings) -> Gpu | None:
     return Gpu(known.name if known else "GPU", memory_gib, tflops)
 
 
-def read_training_config(path: Path) -> dict:
-    raw = yaml.safe_load(path.read_text()) or {}
-    return {"model": raw.get("model", {}), "data": raw.get("data", {}),
-            "train": {**TRAIN_DEFAULTS, **raw.get("train", {})},
-            "checkpoint": {**CHECKPOINT_DEFAULTS, **raw.get("checkpoint", {})}}
-
-
-def build_plan(settings: Settings, configs_dir: Path = TRAINING_CONFIGS) -> Plan:
+def build_plan(settings: Settings) -> Plan:
     queue, assume = settings.gpu_queue, settings.plan
     file_systems = settings.storage.file_systems()
     ckpt_fs = file_systems["checkpoints"]
@@ -171,13 +154,7 @@ def build_plan(settings: Settings, configs_dir: Path = TRAINING_CONFIGS) -> Plan
         gpus = model.nodes * queue.gpus_per_instance
         base = dict(name=model.name, preset=model.preset, nodes=model.nodes, gpus=gpus,
                     cost_per_hour_usd=model.nodes * queue.price_per_instance_hour_usd)
-        path = configs_dir / f"{model.name}.yaml"
-        if not path.is_file():
-            warnings.append(f"{model.name}: no training config {path}; copy one of jobs/training/configs/ "
-                            "to size this model")
-            rows.append(ModelRow(**base))
-            continue
-        row, model_errors, model_warnings = _size_model(base, path, settings, gpu, usable_gib, ckpt_fs.throughput_mb_s)
+        row, model_errors, model_warnings = _size_model(base, model, settings, gpu, usable_gib, ckpt_fs.throughput_mb_s)
         rows.append(row)
         errors += model_errors
         warnings += model_warnings
@@ -216,64 +193,54 @@ def build_plan(settings: Settings, configs_dir: Path = TRAINING_CONFIGS) -> Plan
     return Plan(**{**plan.__dict__, "errors": tuple(errors), "warnings": tuple(warnings)})
 
 
-def _size_model(base: dict, path: Path, settings: Settings, gpu: Gpu | None, usable_gib: float,
+def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | None, usable_gib: float,
                 ckpt_mb_s: float) -> tuple[ModelRow, list[str], list[str]]:
     name, gpus = base["name"], base["gpus"]
-    where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
-    cfg = read_training_config(path)
-    errors, warnings = [], []
-    preset = PRESETS.get(base["preset"])
+    where = f"cluster_config/{settings.name}.yaml models: {name}"
+    preset = PRESETS.get(model.preset)
     if preset is None:
-        raise PlanError(f"models: {name} has unknown preset {base['preset']!r}; choose one of {', '.join(PRESETS)}")
-    if cfg["model"].get("preset", base["preset"]) != base["preset"]:
-        warnings.append(f"{name}: {where} trains preset {cfg['model']['preset']!r} but the settings plan "
-                        f"{base['preset']!r}; the plan sizes {base['preset']!r}: make them agree")
-    train, ckpt = cfg["train"], cfg["checkpoint"]
-    seq_len = int(cfg["data"].get("seq_len", 256))
-    vocab = int(cfg["model"].get("vocab_size") or settings.plan.vocab_size)
-    steps, batch, micro = int(train["steps"]), int(train["global_batch_size"]), int(train["micro_batch_size"])
-    tensor_parallel = int(train.get("tensor_parallel", 1))
-    replicas = max(gpus // tensor_parallel, 1)  # data-parallel ranks: each takes micro-batches of its own
-    if batch % (micro * replicas):
-        warnings.append(f"{name}: train.global_batch_size {batch} is not a multiple of micro-batch x data-parallel "
-                        f"ranks = {micro} x {replicas}; the job will refuse to start: use a multiple of "
-                        f"{micro * replicas} in {where}")
+        raise PlanError(f"{where}: unknown preset {model.preset!r}; choose one of {', '.join(PRESETS)}")
+    cfg = model_config(settings, model)  # SettingsError naming the entry when it does not validate
+    train, ckpt = cfg.train, cfg.checkpoint
+    errors, warnings = [], []
+    seq_len, steps, batch, micro = cfg.data.seq_len, train.steps, train.global_batch_size, train.micro_batch_size
+    vocab = cfg.model.vocab_size or settings.plan.vocab_size
     tokens = steps * batch * seq_len
     flops = tokens * preset.flops_per_token(vocab, seq_len)
-    row = dict(base, config=str(where), parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
-               checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=int(ckpt["keep"]) + 1)
+    row = dict(base, parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
+               checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=ckpt.keep + 1)
     row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
     if gpu is None:
         return ModelRow(**row), errors, warnings
     cluster_flops_s = gpus * gpu.peak_tflops * 1e12 * settings.plan.mfu
     row["days"] = flops / cluster_flops_s / 86400
     row["step_s"] = flops / steps / cluster_flops_s
-    row["checkpoint_every_h"] = row["step_s"] * int(ckpt["every"]) / 3600
-    if train.get("grad_reduce", "every_micro_batch") != "every_micro_batch":
+    row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600
+    if train.grad_reduce != "every_micro_batch":
         warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
-                        f"train.grad_reduce in {where} run `python -m training.dry_run {name} --env {settings.name}`")
-    run = RunShape(preset, vocab, seq_len, micro, gpus, train["parallelism"], bool(train["activation_checkpointing"]),
-                   tensor_parallel=tensor_parallel, hsdp_shard_size=int(train.get("hsdp_shard_size", 8)))
+                        f"train.grad_reduce of {where} run `python -m training.dry_run {name} --env {settings.name}`")
+    run = RunShape(preset, vocab, seq_len, micro, gpus, train.parallelism, train.activation_checkpointing,
+                   tensor_parallel=train.tensor_parallel, hsdp_shard_size=train.hsdp_shard_size)
     row["memory"] = memory(run).gib()
     need = row["memory"]["total"]
     if need > usable_gib:
-        fixes = [] if train["activation_checkpointing"] else ["set train.activation_checkpointing: true"]
+        fixes = [] if train.activation_checkpointing else ["set train.activation_checkpointing: true"]
         if micro > 1:
             fixes.append(f"lower train.micro_batch_size (now {micro})")
-        if train["parallelism"] == "ddp":
+        if train.parallelism == "ddp":
             fixes.append("use train.parallelism: fsdp")
-        if train["parallelism"] == "hsdp":
+        if train.parallelism == "hsdp":
             fixes.append("raise train.hsdp_shard_size or use train.parallelism: fsdp")
         fixes.append("give it more nodes (the sharded state shrinks)")
         errors.append(f"{name}: needs {need:.0f} GiB per GPU, more than the {usable_gib:.0f} GiB usable on a "
-                      f"{gpu.name} ({gpu.memory_gib:.0f} GiB less plan.memory_headroom); in {where}: "
+                      f"{gpu.name} ({gpu.memory_gib:.0f} GiB less plan.memory_headroom); in {where}, overrides: "
                       + ", or ".join(fixes))
     deadline = settings.plan.deadline_days
     if deadline and row["days"] > deadline:
         nodes_needed = math.ceil(base["nodes"] * row["days"] / deadline)
         steps_fit = int(steps * deadline / row["days"])
         warnings.append(f"{name}: finishes in {row['days']:.1f} days at {settings.plan.mfu:.0%} MFU, after "
-                        f"plan.deadline_days {deadline:g}; lower train.steps to {steps_fit:,} or fewer in {where}, "
+                        f"plan.deadline_days {deadline:g}; lower steps to {steps_fit:,} or fewer in {where}, "
                         f"or give it {nodes_needed} nodes")
     return ModelRow(**row), errors, warnings
 
@@ -284,9 +251,9 @@ def _fsx_size_gib(need_bytes: float) -> int:
     return 1200 if gib <= 1200 else 2400 * math.ceil(gib / 2400)
 
 
-def check_plan(settings: Settings, configs_dir: Path = TRAINING_CONFIGS) -> Plan:
+def check_plan(settings: Settings) -> Plan:
     """The plan, or PlanError listing what cannot run (synth calls this)."""
-    plan = build_plan(settings, configs_dir)
+    plan = build_plan(settings)
     if plan.errors:
         raise PlanError(f"the {settings.name} plan cannot run:\n" + "\n".join(f"  {e}" for e in plan.errors))
     return plan

@@ -214,16 +214,42 @@ class StorageSettings(_Strict):
 
 
 class ModelPlan(_Strict):
+    """One model sharing the cluster, described once: its job script and training config are derived
+    from this entry (cluster_config/model_jobs.py), in every environment."""
+
     name: str
-    nodes: int = Field(gt=0)
-    preset: str
+    nodes: int = Field(gt=0)  # its share of the GPU queue, enforced by its Slurm QOS
+    preset: str  # model shape: one of jobs/training/presets.py
+    # jobs/training/configs/<recipe>.yaml: optimizer, parallelism, micro-batch, checkpoint cadence;
+    # default: the recipe named like the preset.
+    recipe: Optional[str] = None
+    seq_len: int = Field(gt=0)  # tokens per sequence; the dataset is tokenized at this length
+    global_batch_size: int = Field(gt=0)  # sequences per optimizer step
+    steps: int = Field(gt=0)  # optimizer steps; tokens = steps x global_batch_size x seq_len
+    dataset: str  # token shards, under storage.data.mount_dir (jobs/preprocess.sh MODEL=<name> writes them)
+    tokenizer: str  # folder with tokenizer.json, under storage.data.mount_dir (or a path starting with /)
+    # Further training-config keys for this model, e.g. {train.micro_batch_size: 4}.
+    overrides: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", value):
             raise ValueError(f"{value!r} must be lowercase letters, digits and '-', starting with a letter (it names directories)")
+        if value == "ops":
+            raise ValueError("'ops' is the Slurm account of the non-training jobs; name the model otherwise")
         return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/") or not value.strip("/"):
+            raise ValueError(f"{value!r} must be a folder under storage.data.mount_dir, e.g. tokenized/model1")
+        return value.strip("/")
+
+    @property
+    def recipe_name(self) -> str:
+        return self.recipe or self.preset
 
 
 class PlanSettings(_Strict):

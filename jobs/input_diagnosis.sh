@@ -6,7 +6,7 @@
 # Prints a verdict (loader-bound / copy-bound / compute-bound), the numbers behind it and the
 # setting to change; see docs/storage_validation.md.
 #
-#   sbatch jobs/input_diagnosis.sh --config jobs/training/configs/model1.yaml [section.key=value ...]
+#   sbatch jobs/input_diagnosis.sh --config jobs/models/model1.yaml [section.key=value ...]
 #   sbatch jobs/input_diagnosis.sh --workers 8 --steps 40          (other options: --help)
 #
 # Arguments go to `python -m cluster_checks.input_diagnosis`; a --config given here replaces the

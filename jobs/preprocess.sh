@@ -10,13 +10,14 @@
 #   MODEL=model1 sbatch jobs/preprocess.sh                      the data model1's training config reads
 #
 # Environment (all optional):
-#   MODEL            prepare the data of this model: DATASET_DIR and SEQ_LEN default to data.path and
-#                    data.seq_len of jobs/training/configs/$MODEL.yaml (what its training checks)
+#   MODEL            prepare the data of this model: DATASET_DIR, TOKENIZER and SEQ_LEN default to its
+#                    dataset, tokenizer and seq_len in the settings (data.path, data.tokenizer and
+#                    data.seq_len of jobs/models/$MODEL.yaml: what its training checks)
 #   RAW_DIR          raw *.txt (one document per line) / *.jsonl files (default $FSX_DATA/raw)
 #   DATASET_DIR      output dataset folder (default: MODEL's data.path, else $FSX_DATA/tokenized)
 #   TOKENIZER        folder with tokenizer.json, a tokenizer.json file, or a hub model id that
-#                    is in the Hugging Face cache (nodes may have no internet; default
-#                    $FSX_DATA/tokenizer)
+#                    is in the Hugging Face cache (nodes may have no internet; default: MODEL's
+#                    tokenizer, else $FSX_DATA/tokenizer)
 #   SEQ_LEN          training sequence length: shards hold SEQ_LEN + 1 tokens per sample
 #                    (default: MODEL's data.seq_len, else 2048)
 #   VAL_FRACTION     share of documents held out for validation in DATASET_DIR/val (0.02; 0: none)
@@ -34,15 +35,15 @@ JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 # shellcheck source=env.sh
 source "$JOBS_DIR/env.sh"
 
-model_path="" model_seq_len=""
-if [[ -n ${MODEL:-} ]]; then  # the model's own training config says where and at which seq_len
-  read -r model_path model_seq_len < <(python -c 'import sys; from training.config import load_config
-c = load_config(sys.argv[1]); print(c.data.path, c.data.seq_len)' "$JOBS_DIR/training/configs/$MODEL.yaml") \
-    || { echo "error: cannot read the data settings of model '$MODEL' from $JOBS_DIR/training/configs/$MODEL.yaml — name a model of the settings" >&2; exit 2; }
+model_path="" model_seq_len="" model_tokenizer=""
+if [[ -n ${MODEL:-} ]]; then  # the model's own training config says where, with which tokenizer, at which seq_len
+  read -r model_path model_seq_len model_tokenizer < <(python -c 'import sys; from training.config import load_config
+c = load_config(sys.argv[1]); print(c.data.path, c.data.seq_len, c.data.tokenizer)' "$JOBS_DIR/models/$MODEL.yaml") \
+    || { echo "error: cannot read the data settings of model '$MODEL' from $JOBS_DIR/models/$MODEL.yaml — name a model of the settings' models:" >&2; exit 2; }
 fi
 RAW_DIR="${RAW_DIR:-$FSX_DATA/raw}"
 DATASET_DIR="${DATASET_DIR:-${model_path:-$FSX_DATA/tokenized}}"
-TOKENIZER="${TOKENIZER:-$FSX_DATA/tokenizer}"
+TOKENIZER="${TOKENIZER:-${model_tokenizer:-$FSX_DATA/tokenizer}}"
 SEQ_LEN="${SEQ_LEN:-${model_seq_len:-2048}}"
 VAL_FRACTION="${VAL_FRACTION:-0.02}"
 read -r -a extra_args <<< "${PREPROCESS_ARGS:-}"

@@ -4,14 +4,16 @@
 # Runs `python -m training.preflight` with the same arguments (config parses; dataset exists and
 # matches seq_len, vocabulary and dtype; its tokenizer loads; checkpoint folder writable). On a
 # problem it prints `error: <what> — <fix>` and exits 2 without taking any node; else it runs
-# `sbatch jobs/train_MODEL.sh` with the arguments (SBATCH_* variables still apply).
+# `sbatch jobs/train_MODEL.sh` with the arguments (SBATCH_* variables still apply). The script and
+# the model's config come with the cluster's settings (cluster_config/model_jobs.py).
 set -euo pipefail
 MODEL="${1:?usage: submit.sh MODEL [--config FILE] [section.key=value ...]}"
 shift
 JOBS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 script="$JOBS_DIR/train_$MODEL.sh"
 if [[ ! -f $script ]]; then
-  echo "error: no job script $script for model '$MODEL' — use a model of the settings' models: list" >&2
+  known=$(cd "$JOBS_DIR" && ls train_*.sh 2>/dev/null | sed 's/^train_//; s/\.sh$//' | tr '\n' ' ')
+  echo "error: no job script $script for model '$MODEL' — this cluster's models are: ${known:-none}; add it to models: in the settings and redeploy" >&2
   exit 2
 fi
 # shellcheck source=jobs/env.sh

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Body of every training job. jobs/train_model<N>.sh holds the Slurm allocation of one model and
-# runs this with the model's name:
-#   sbatch jobs/train_model1.sh [--config FILE] [section.key=value ...]   (from the repo root)
+# Body of every training job. jobs/train_<model>.sh holds the Slurm allocation of one model and
+# runs this with the model's name; it and the model's training config jobs/models/<model>.yaml are
+# derived from the model's entry in the settings (cluster_config/model_jobs.py) and shipped with jobs/:
+#   sbatch jobs/train_model1.sh [--config FILE] [section.key=value ...]   (from the bundle's root)
 #
 # The #SBATCH block of the model scripts, explained once here:
 #   --job-name=<model>         names the job and, through %x, its log files
-#   --nodes=<N>                the model's share of the cluster (cluster_config/prod.yaml, models:)
+#   --nodes=<N>                the model's share of the cluster (cluster_config/<env>.yaml, models:)
 #   --account/--qos=<model>    the model's Slurm account and QOS (node_scripts/slurm_accounts.sh):
 #                              Slurm holds the model to its share and to one running job; a second
 #                              submission pends (QOSGrpJobsLimit), more nodes than the share is refused
 #   --ntasks-per-node=1        one torchrun per node; torchrun starts one worker per GPU
-#   --gpus-per-node=8          every GPU of a p5e.48xlarge (CPU-only clusters: sbatch --gpus-per-node=0)
+#   --gpus-per-node=<G>        every GPU of a node, gpu_queue.gpus_per_instance (CPU-only: sbatch --gpus-per-node=0)
 #   --exclusive                whole nodes: no other job on the GPUs, EFA devices or CPUs
 #   --time=24:00:00            a time limit; the run requeues itself before reaching it
 #   --signal=USR1@600          SIGUSR1 to the workers 10 min before the limit; the lead covers the
@@ -22,7 +23,7 @@
 #                              there and does not create the folder (the node setup does, see
 #                              docs/training.md); a missing folder makes the job fail silently.
 #
-# Environment (optional): TRAIN_CONFIG (config file; default jobs/training/configs/<model>.yaml),
+# Environment (optional): TRAIN_CONFIG (config file; default jobs/models/<model>.yaml),
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
 # MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 requeues after
@@ -46,7 +47,7 @@ source "$JOBS_DIR/env.sh"
 
 CKPT_DIR="$FSX_CHECKPOINTS/$MODEL"
 LOG_DIR="$FSX_LOGS/$MODEL"
-CONFIG="${TRAIN_CONFIG:-$JOBS_DIR/training/configs/$MODEL.yaml}"
+CONFIG="${TRAIN_CONFIG:-$JOBS_DIR/models/$MODEL.yaml}"
 mkdir -p "$CKPT_DIR" "$LOG_DIR"
 
 # The same code on every restart: at the job's first start, copy jobs/ (this script included), the
@@ -54,7 +55,7 @@ mkdir -p "$CKPT_DIR" "$LOG_DIR"
 # requeue, even if a cluster update rewrites jobs/ in between. A new submission takes the new code.
 SNAPSHOT="$LOG_DIR/code/$SLURM_JOB_ID"
 snapshot_config() {  # snapshot_config FILE DEST: a missing config is the user's to fix (exit 2, no requeue)
-  [[ -f $1 ]] || { echo "error: config file $1 does not exist — see jobs/training/configs/ for examples" >&2; exit 2; }
+  [[ -f $1 ]] || { echo "error: config file $1 does not exist — a model's config comes with the cluster's settings (models:); see also jobs/training/configs/" >&2; exit 2; }
   cp "$1" "$2"
 }
 if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then

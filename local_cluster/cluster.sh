@@ -15,8 +15,10 @@
 # prolog and epilog, with local_cluster/health_check.sh standing in for the GPU/EFA checks).
 # Accounting is real: slurmdbd stores into a MariaDB server of its own (data under
 # .local_cluster/state/mysql, kept across down/up), both listening on 127.0.0.1 only, and
-# node_scripts/slurm_accounts.sh creates the per-model accounts and QOS from local_cluster/models,
-# the same script the ParallelCluster head node runs.
+# node_scripts/slurm_accounts.sh creates the per-model accounts and QOS, the same script the
+# ParallelCluster head node runs. The models are dev's (cluster_config/dev.yaml): `up` writes their
+# job scripts and configs into jobs/ as the cluster stack does into the bundle, so
+# `sbatch jobs/train_model1.sh` here runs dev's model1 (with sbatch --gpus-per-node=0: CPUs only).
 # Everything the cluster writes lives under .local_cluster/ in the repository root.
 set -euo pipefail
 
@@ -358,10 +360,18 @@ start_slurmdbd() {
   fi
 }
 
-# Per-model accounts and QOS: the head node's script, with the local model list, for this user.
-setup_accounts() {
-  "$REPO/node_scripts/slurm_accounts.sh" --ops-nodes 2 --user "$(id -un)" "$REPO/local_cluster/models" \
+# dev's models: their job scripts and configs in jobs/, and per-model accounts and QOS from their list
+# (the head node's script, for this user).
+setup_models() {
+  local python="$REPO/.venv/bin/python"
+  [[ -x $python ]] || python=python3
+  (cd "$REPO" && "$python" -m cluster_config jobs --env dev --out jobs --model-list "$STATE/models") \
+    >>"$LOGS/accounts.log" 2>&1 || die "cannot derive dev's model jobs (make deps installs .venv); see $LOGS/accounts.log"
+  "$REPO/node_scripts/slurm_accounts.sh" --ops-nodes 2 --user "$(id -un)" "$STATE/models" \
     >>"$LOGS/accounts.log" 2>&1 || die "account set-up failed; see $LOGS/accounts.log"
+  # Each model's log folder, as the node setup makes it: Slurm does not create an --output folder.
+  local name
+  while read -r name _; do mkdir -p "$FSX/logs/$name"; done <"$STATE/models"
 }
 
 start_slurmctld() {
@@ -416,7 +426,7 @@ cmd_up() {
   start_slurmctld
   for node in "${NODES[@]}"; do start_slurmd "$node"; done
   wait_nodes_ready
-  setup_accounts
+  setup_models
   log "up in $(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s: controller $(hostname -s) ($HEAD_IP:$CTLD_PORT), nodes ${NODES[*]}, /fsx -> $FSX"
   sinfo
 }

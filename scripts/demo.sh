@@ -4,7 +4,8 @@
 #   2. every ParallelCluster config: its schema, then an emulated deploy with its validators, update checks, checkov
 #   3. local Slurm cluster (3 nodes): two-node smoke test + collective benchmark   (local_cluster/demo.sh)
 #   4. data pipeline: sample corpus -> tokenize job array -> validate -> loader speed   (jobs/data_pipeline/demo.sh)
-#   5. training: 2 nodes, tiny model, interrupted by the time-limit signal, requeued, resumed, loss curve
+#   5. training: dev's two models side by side on their Slurm shares (preflight, QOS), model1 interrupted
+#      by the time-limit signal, requeued, resumed; loss curves; node-hours per model
 #   6. storage checks: FSx performance job and input-pipeline diagnosis
 # Stops at the first failing step. The local cluster stays up afterwards (`make cluster-down`).
 set -euo pipefail
@@ -30,7 +31,7 @@ local_cluster/demo.sh --max-bytes 4M
 step "4/6 Data pipeline: tokenize job array on the cpu partition"
 DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
 
-step "5/6 Training: sbatch jobs/train_model1.sh on 2 nodes (tiny preset), interrupt, requeue, resume"
+step "5/6 Training: dev's model1 (2 nodes) and model2 (1 node) on their shares; interrupt, requeue, resume"
 python -m local_cluster.training_demo --fsx "$FSX_HOST"
 # One view of every model of the environment: Slurm state, losses, checkpoint, backup, cost so far.
 python -m training.status --env dev --logs "$FSX_HOST/logs" --checkpoints "$FSX_HOST/checkpoints" \

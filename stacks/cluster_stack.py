@@ -26,6 +26,7 @@ from cluster_config.render import (
     models_key,
     render_cluster_config,
 )
+from cluster_config.model_jobs import job_files
 from cluster_config.settings import Settings
 from stacks import nag
 from stacks.database_stack import DatabaseStack
@@ -37,6 +38,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # stack should fail the deploy long before CloudFormation's default of no timeout.
 PROVIDER_TIMEOUT_MINUTES = 30
 ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache"]
+# What `python -m cluster_config jobs` writes into a checkout's jobs/ (the local cluster's): the bundle
+# carries this environment's own, from job_files below.
+GENERATED_EXCLUDES = ["train_*.sh", "models/*.yaml"]
 
 
 class ClusterStack(cdk.Stack):
@@ -84,7 +88,9 @@ class ClusterStack(cdk.Stack):
             self,
             "JobsBundle",
             sources=[
-                s3deploy.Source.asset(str(REPO_ROOT / "jobs"), exclude=ASSET_EXCLUDES),
+                s3deploy.Source.asset(str(REPO_ROOT / "jobs"), exclude=ASSET_EXCLUDES + GENERATED_EXCLUDES),
+                # Each model's job script and training config, derived from its entry in the settings.
+                *(s3deploy.Source.data(path, text) for path, text in job_files(settings).items()),
                 # The head node builds the jobs' venv from it (node_scripts/directory_setup.sh).
                 s3deploy.Source.data("requirements-jobs.txt", (REPO_ROOT / "requirements-jobs.txt").read_text()),
             ],

@@ -13,6 +13,9 @@ It is a ``local_cluster.client.LocalCluster``:
     .repo  repository root
 
 Mark tests that use it with ``@pytest.mark.slurm``.
+
+``dev_jobs`` (session): dev's model job scripts and configs written into jobs/ (jobs/train_<model>.sh,
+jobs/models/<model>.yaml), as the local cluster's ``up`` and, for its environment, the cluster stack do.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from cluster_config.model_jobs import write_job_files
+from cluster_config.settings import load_settings
 from local_cluster.client import LocalCluster, unsupported_reason
 
 
@@ -29,6 +34,11 @@ class ClusterSession:
     cluster: LocalCluster
     up_before_session: bool  # started outside this test session: never stop it
     started_here: bool = False
+
+
+@pytest.fixture(scope="session")
+def dev_jobs() -> list:
+    return write_job_files(load_settings("dev"), LocalCluster().repo / "jobs")
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +51,7 @@ def cluster_session() -> ClusterSession:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(cluster_session: ClusterSession):
+def slurm_cluster(cluster_session: ClusterSession, dev_jobs):
     cluster = cluster_session.cluster
     if not cluster.is_up():
         cluster.up()

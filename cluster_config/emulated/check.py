@@ -64,12 +64,12 @@ class Report:
 def update_scenarios(settings: Settings) -> dict[str, Callable[[dict], None]]:
     models = [model.name for model in settings.models]
 
-    def add_model(raw: dict) -> None:  # split the last model in two (model7 -> model7 + model8)
-        last = raw["models"][-1]
-        half = last["nodes"] // 2
+    def add_model(raw: dict) -> None:  # split the largest model in two (prod: model7 -> model7 + model8)
+        largest = max(raw["models"], key=lambda model: model["nodes"])
+        half = largest["nodes"] // 2
         if half:
-            last["nodes"] -= half
-            raw["models"].append({**last, "name": f"model{len(raw['models']) + 1}", "nodes": half})
+            largest["nodes"] -= half
+            raw["models"].append({**largest, "name": f"model{len(raw['models']) + 1}", "nodes": half})
 
     def remove_model(raw: dict) -> None:
         raw["models"].pop()

@@ -178,7 +178,7 @@ def render(report: dict) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m cluster_checks.input_diagnosis", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="the training config (jobs/training/configs/*.yaml)")
+    p.add_argument("--config", help="the training config (a model's jobs/models/<model>.yaml, or jobs/training/configs/tiny.yaml)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="training config overrides")
     p.add_argument("--out", type=Path, required=True, help="folder for diagnosis.json and scratch files")
     p.add_argument("--workers", type=int, default=0, help="N for the loader alone (default: the config's, at least 2)")

@@ -1,6 +1,6 @@
 """One typed training config: a YAML file plus ``section.key=value`` overrides from the command line.
 
-    python -m training.train --config jobs/training/configs/model1.yaml train.steps=200 checkpoint.every=50
+    python -m training.train --config jobs/models/model1.yaml train.steps=200 checkpoint.every=50
 
 Every value is checked here, once, by pydantic models (as ``cluster_config/settings.py`` checks the
 settings); a bad one fails with the key's name and the fix; ``--help`` lists every key with its
@@ -10,6 +10,7 @@ the per-model tree under ``$FSX_CHECKPOINTS/<name>`` and ``$FSX_LOGS/<name>`` (s
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Literal, Optional
@@ -17,7 +18,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .models import PRESETS
+from .presets import PRESETS  # torch-free: the cluster settings check configs with this module
 
 
 class ConfigError(ValueError):
@@ -51,6 +52,8 @@ class ModelConfig(_Section):
 class DataConfig(_Section):
     path: str = Field("${FSX_DATA}/tokenized", description="token shards (where jobs/preprocess.sh writes by default)")
     seq_len: int = Field(256, gt=0, description="tokens per sequence; must match the dataset")
+    tokenizer: str = Field("", description="the tokenizer the dataset must be made with (preflight checks it); "
+                                           "'': whichever the dataset names")
     num_workers: int = Field(2, ge=0, description="data-loader worker processes per rank")
     timeout_s: int = Field(300, ge=0, description="a batch slower than this (a stalled read) is an error; 0: wait")
     seed: int = Field(0, description="shuffle seed")
@@ -164,32 +167,52 @@ class Config(_Section):
         return self.train.global_batch_size // per_step
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file, then ``section.key=value`` overrides; validated and resolved."""
+def load_config(path: str | os.PathLike | dict | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file (or a mapping already read), then ``section.key=value`` overrides;
+    validated and resolved."""
     raw: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; see jobs/training/configs/ for examples")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    if isinstance(path, dict):
+        raw = copy.deepcopy(path)
+    elif path is not None:
+        raw = read_config_file(path)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not section.key=value, e.g. train.steps=100")
-        *sections, leaf = key.split(".")
-        node = raw
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {section} is not a section; see --help for the keys")
-        node[leaf] = yaml.safe_load(value)
+        try:
+            set_key(raw, key, yaml.safe_load(value))
+        except ConfigError as exc:
+            raise ConfigError(f"override {item!r}: {exc}") from None
+    return _resolve_paths(validate_config(raw))
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; see jobs/training/configs/ for examples")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return raw
+
+
+def set_key(raw: dict, key: str, value) -> None:
+    """``raw[section][key] = value`` for a dotted ``section.key``, creating the section."""
+    *sections, leaf = key.split(".")
+    node = raw
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{section} is not a section; see --help for the keys")
+    node[leaf] = value
+
+
+def validate_config(raw: dict) -> Config:
+    """Every key checked, paths left as written (``${FSX_DATA}`` stays): the settings check uses this."""
     try:
-        config = Config.model_validate(raw)
+        return Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
-    return _resolve_paths(config)
 
 
 def _describe(exc: ValidationError) -> str:
@@ -238,6 +261,7 @@ def _resolve_paths(c: Config) -> Config:
         return expanded
 
     c.data.path = expand(c.data.path, "data.path")
+    c.data.tokenizer = expand(c.data.tokenizer, "data.tokenizer")
     c.eval.path = expand(c.eval.path or f"{c.data.path}/val", "eval.path")
     c.checkpoint.dir = expand(c.checkpoint.dir or f"${{FSX_CHECKPOINTS}}/{c.name}", "checkpoint.dir")
     c.log.dir = expand(c.log.dir or f"${{FSX_LOGS}}/{c.name}", "log.dir")

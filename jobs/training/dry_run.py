@@ -1,7 +1,7 @@
 """Production dry run: one rank of the real job, at its real world size, without GPUs or memory.
 
     PYTHONPATH=jobs python -m training.dry_run model7 --env prod
-    PYTHONPATH=jobs python -m training.dry_run --config jobs/training/configs/model1.yaml --world-size 88
+    PYTHONPATH=jobs python -m training.dry_run --config jobs/training/configs/llama2-7b.yaml model.preset=llama2-7b --world-size 88
 
 The process joins PyTorch's fake process group (collectives return at once) as rank 0 of N, builds
 the model exactly as ``train.py`` does (preset, FSDP2 wrapping, tensor parallelism, mixed precision,
@@ -314,25 +314,24 @@ GPU_MEMORY_GIB = {"p5e.48xlarge": 141, "p5en.48xlarge": 141, "p5.48xlarge": 80, 
                   "p4d.24xlarge": 40, "g5.12xlarge": 24, "g5.48xlarge": 24, "g6e.12xlarge": 48}
 
 
-def production_setup(model: str, env: str, preset: str | None = None) -> tuple[int, float]:
-    """(world size, GPU memory GiB) of ``model`` in environment ``env`` (cluster_config/<env>.yaml).
-
-    ``preset``: the config's; a plan that names another one is an error (the job would train
-    something else than the plan was sized for).
-    """
-    from cluster_config.settings import load_settings
+def production_setup(model: str, env: str) -> tuple[dict, int, float]:
+    """What ``model`` trains with in environment ``env`` (cluster_config/<env>.yaml): its training config,
+    derived from its settings as the cluster stack ships it, its world size and its GPUs' memory (GiB)."""
+    from cluster_config.model_jobs import training_config
+    from cluster_config.settings import SettingsError, load_settings
 
     settings = load_settings(env)
     plans = {m.name: m for m in settings.models}
     if model not in plans:
         raise ConfigError(f"model {model!r} is not in the {env} plan; choose one of {', '.join(plans)}")
-    if preset is not None and plans[model].preset != preset:
-        raise ConfigError(f"the {env} plan gives {model} preset {plans[model].preset!r} but its config trains "
-                          f"{preset!r}; make cluster_config/{env}.yaml and the config agree (or pass --config)")
     queue = settings.gpu_queue
     if queue.instance_type not in GPU_MEMORY_GIB:
         raise ConfigError(f"GPU memory of {queue.instance_type} is unknown; pass --gpu-memory-gib")
-    return plans[model].nodes * queue.gpus_per_instance, GPU_MEMORY_GIB[queue.instance_type]
+    try:
+        raw = training_config(settings, plans[model])
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from None
+    return raw, plans[model].nodes * queue.gpus_per_instance, GPU_MEMORY_GIB[queue.instance_type]
 
 
 def estimate(model: str, env: str = "prod", overrides: list[str] = ()) -> dict:
@@ -342,24 +341,24 @@ def estimate(model: str, env: str = "prod", overrides: list[str] = ()) -> dict:
      "activation_checkpointing", "gpu_memory_gib", "peak_gib", "fraction", "fits", "gib": {category: GiB}}
     Takes seconds for 7B and a few minutes for 70B on two CPU cores.
     """
-    cfg = load_model_config(os.path.join(os.path.dirname(__file__), "configs", f"{model}.yaml"), overrides)
-    world_size, gpu_gib = production_setup(model, env, cfg.model.preset)
+    raw, world_size, gpu_gib = production_setup(model, env)
+    cfg = load_model_config(raw, overrides)
     report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=cfg.model.vocab_size or DEFAULT_VOCAB)
     return report.as_dict()
 
 
-def load_model_config(path: str, overrides: list[str] = ()) -> Config:
-    """The job's config; directory variables only need a value, nothing is read or written."""
+def load_model_config(source: str | dict, overrides: list[str] = ()) -> Config:
+    """The job's config (a file, or a mapping); directory variables only need a value, nothing is read or written."""
     for var in ("FSX_DATA", "FSX_CHECKPOINTS", "FSX_LOGS"):
         os.environ.setdefault(var, f"/dry-run/{var.lower()}")
-    return load_config(path, list(overrides))
+    return load_config(source, list(overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.dry_run", description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", help="model of the plan (e.g. model7): configs/<model>.yaml")
+    parser.add_argument("model", nargs="?", help="model of the plan (e.g. model7): the config its settings derive")
     parser.add_argument("--env", default="prod", help="environment whose plan gives nodes and GPU type (default prod)")
-    parser.add_argument("--config", help="a config file instead of configs/<model>.yaml")
+    parser.add_argument("--config", help="a config file instead of the model's own")
     parser.add_argument("--world-size", type=int, help="ranks (default: the plan's nodes x GPUs per node)")
     parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the plan's instance type)")
     parser.add_argument("--vocab-size", type=int, default=0,
@@ -370,12 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model and not args.config:
         print("error: name a model of the plan (model1 ... model7) or pass --config FILE", file=sys.stderr)
         return 2
-    config_path = args.config or os.path.join(os.path.dirname(__file__), "configs", f"{args.model}.yaml")
     try:
-        cfg = load_model_config(config_path, args.overrides)
         world_size, gpu_gib = args.world_size, args.gpu_memory_gib
-        if world_size is None or gpu_gib is None:
-            planned, memory = production_setup(args.model or cfg.name, args.env, cfg.model.preset)
+        if args.config:
+            cfg = load_model_config(args.config, args.overrides)
+        if not args.config or world_size is None or gpu_gib is None:
+            raw, planned, memory = production_setup(args.model or cfg.name, args.env)
+            cfg = cfg if args.config else load_model_config(raw, args.overrides)
             world_size, gpu_gib = world_size or planned, gpu_gib or memory
         report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib,
                          vocab_size=args.vocab_size or cfg.model.vocab_size or DEFAULT_VOCAB)

@@ -3,10 +3,12 @@
     python -m training.preflight MODEL [--config FILE] [section.key=value ...]
 
 What the job would otherwise find out only after Slurm allocated its nodes:
-- the config (jobs/training/configs/<MODEL>.yaml, or --config, with the overrides) parses;
+- the config (jobs/models/<MODEL>.yaml, derived from the model's settings, or --config, with the
+  overrides) parses;
 - the dataset at data.path exists and matches the config: seq_len, vocabulary (the model's
   vocab_size holds every token id), dtype (the smallest that holds the vocabulary);
-- the tokenizer the dataset was made with still loads and is the same one (SHA-256);
+- the tokenizer the dataset was made with still loads and is the same one (SHA-256), and is the
+  model's own (data.tokenizer);
 - the checkpoint folder can be created and written.
 Prints one line per check; exit 0 when all pass, 2 with ``error: <what> — <fix>`` lines otherwise.
 ``jobs/submit.sh`` runs it before ``sbatch``.
@@ -24,12 +26,16 @@ from data_pipeline.shards import token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from training.config import ConfigError, load_config
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/, generated from the settings
 
 
 def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
     """Problems found (empty: ready to submit); prints what passed."""
-    path = Path(config) if config else CONFIGS / f"{model}.yaml"
+    path = Path(config) if config else MODEL_CONFIGS / f"{model}.yaml"
+    if not path.is_file() and not config:
+        known = ", ".join(sorted(p.stem for p in MODEL_CONFIGS.glob("*.yaml"))) or "none"
+        return [f"model {model!r} is not one of this cluster's models ({known}) — add it to models: in the "
+                "settings and redeploy, or pass --config FILE"]
     try:
         cfg = load_config(path, overrides)
     except (ConfigError, FileNotFoundError) as exc:
@@ -52,12 +58,13 @@ def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
                   f"{meta.total_tokens:,} tokens)")
         except DatasetError as exc:
             problems.append(f"{exc} — re-tokenize for this model, or fix data.path / data.seq_len")
-        problems += _check_tokenizer(meta.tokenizer)
+        problems += _check_tokenizer(meta.tokenizer, cfg.data.tokenizer)
     problems += _check_writable(Path(cfg.checkpoint.dir))
     return problems
 
 
-def _check_tokenizer(identity: dict) -> list[str]:
+def _check_tokenizer(identity: dict, wanted: str) -> list[str]:
+    """The dataset's tokenizer loads, is unchanged, and is the model's (``wanted``; '' = any)."""
     name = identity.get("name", "")
     try:
         tokenizer = load_tokenizer(name)
@@ -66,6 +73,16 @@ def _check_tokenizer(identity: dict) -> list[str]:
     if identity.get("sha256") and tokenizer.identity["sha256"] != identity["sha256"]:
         return [f"tokenizer {name!r} changed since the dataset was made (SHA-256 differs) — "
                 "re-tokenize, or restore the tokenizer the dataset names"]
+    if wanted:
+        try:
+            own = load_tokenizer(wanted)
+        except (TokenizerError, OSError, ValueError) as exc:
+            return [f"the model's tokenizer {wanted!r} (data.tokenizer) does not load: {exc} — put it there "
+                    "or fix tokenizer: in the model's settings"]
+        if own.identity["sha256"] != tokenizer.identity["sha256"]:
+            return [f"the dataset was made with tokenizer {name!r}, not the model's {wanted!r} (data.tokenizer) — "
+                    "re-tokenize with MODEL=<model> sbatch jobs/preprocess.sh, or fix dataset:/tokenizer: "
+                    "in the model's settings"]
     print(f"ok: tokenizer {name}")
     return []
 
@@ -84,7 +101,7 @@ def _check_writable(folder: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.preflight", description=__doc__.split("\n")[0])
     parser.add_argument("model", help="model name, e.g. model1")
-    parser.add_argument("--config", help="config file (default: jobs/training/configs/MODEL.yaml)")
+    parser.add_argument("--config", help="config file (default: jobs/models/MODEL.yaml)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args(argv)
     problems = check(args.model, args.config, args.overrides)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = Path(__file__).resolve().parent / "configs"
+MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/, generated from the settings
 BACKUP_DONE = "backed up and verified"
 
 
@@ -124,7 +124,7 @@ def total_steps(log_dir: Path, model: str) -> int:
     config = logged_config(log_dir, model)
     if config:
         return int(config["train"]["steps"])
-    path = CONFIGS / f"{model}.yaml"  # not started yet: what the job will run
+    path = MODEL_CONFIGS / f"{model}.yaml"  # not started yet: what the job will run
     if path.is_file():
         import yaml
 

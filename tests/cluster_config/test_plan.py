@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from cluster_config.plan import TRAINING_CONFIGS, PlanError, build_plan, check_plan, format_plan
-from cluster_config.settings import CONFIG_DIR, SettingsError, load_settings
+from cluster_config.plan import PlanError, build_plan, check_plan, format_plan
+from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings
 from stacks.app import settings_for
 
 
@@ -87,16 +86,14 @@ def test_cli_fsx_expected_prints_provisioned_throughput_per_mount():
 
 # --- time, cost, memory and checkpoints (the analytic sizing: jobs/training/sizing.py) -------------
 
-def configs_copy(tmp_path, model: str | None = None, **train_changes) -> Path:
-    """The shipped training configs in a temporary folder, with ``train:`` keys of one model changed."""
-    folder = tmp_path / "configs"
-    shutil.copytree(TRAINING_CONFIGS, folder)
-    if model:
-        path = folder / f"{model}.yaml"
-        raw = yaml.safe_load(path.read_text())
-        raw["train"].update(train_changes)
-        path.write_text(yaml.safe_dump(raw))
-    return folder
+def prod_with(tmp_path, write_env, model: str, overrides: dict | None = None, **entry) -> Settings:
+    """prod's settings with one model's entry changed: its keys, and training-config ``overrides``."""
+    models = prod_raw()["models"]
+    for raw in models:
+        if raw["name"] == model:
+            raw.update(entry)
+            raw["overrides"] = {**raw.get("overrides", {}), **(overrides or {})}
+    return load_settings("prod", write_env(tmp_path, "prod", models=models))
 
 
 def test_resized_prod_plan_fits_memory_checkpoints_and_the_deadline():
@@ -114,10 +111,9 @@ def test_resized_prod_plan_fits_memory_checkpoints_and_the_deadline():
 
 def test_flops_agree_with_6nd_for_the_issue_example(tmp_path, write_env):
     """The old model7 (100,000 steps x 1,120 x 4,096 tokens, 14 nodes): ~1.9e23 FLOPs, ~50 days at 40 %."""
-    configs = configs_copy(tmp_path, "model7", steps=100000, global_batch_size=1120)
     raw = prod_raw()
-    models = [{"name": "model7", "nodes": 14, "preset": "llama2-70b"}]
-    row = build_plan(load_settings("prod", write_env(tmp_path, "prod", models=models)), configs).rows[0]
+    models = [{**raw["models"][6], "nodes": 14, "steps": 100000, "global_batch_size": 1120}]
+    row = build_plan(load_settings("prod", write_env(tmp_path, "prod", models=models))).rows[0]
     assert row.tokens == 100000 * 1120 * 4096
     six_nd = 6 * row.parameters * row.tokens  # the rule of thumb, without attention
     assert six_nd == pytest.approx(1.9e23, rel=0.02)
@@ -134,16 +130,14 @@ def test_halving_mfu_doubles_days_and_cost(tmp_path, write_env):
         assert b.cost_to_finish_usd == pytest.approx(2 * a.cost_to_finish_usd)
 
 
-def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path):
-    configs = configs_copy(tmp_path, "model7", activation_checkpointing=False)
+def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path, write_env):
+    settings = prod_with(tmp_path, write_env, "model7", {"train.activation_checkpointing": False})
     with pytest.raises(PlanError) as caught:
-        check_plan(load_settings("prod"), configs)
+        check_plan(settings)
     message = str(caught.value)
     assert "model7: needs" in message and "GiB usable on a H200" in message
-    assert "set train.activation_checkpointing: true" in message
+    assert "in cluster_config/prod.yaml models: model7, overrides: set train.activation_checkpointing: true" in message
     assert "lower train.micro_batch_size (now 8)" in message
-    assert "jobs/training/configs/model7.yaml" not in message  # it names the file it read
-    assert str(configs / "model7.yaml") in message
 
 
 def test_synth_stops_on_a_plan_that_cannot_fit(tmp_path, write_env):
@@ -161,14 +155,9 @@ def test_checkpoints_that_overflow_their_file_system_fail_with_the_size_to_use(t
         check_plan(load_settings("prod", write_env(tmp_path, "prod", storage=raw["storage"])))
 
 
-def test_checkpoints_without_room_for_one_failed_save_warn(tmp_path):
-    configs = tmp_path / "configs"
-    shutil.copytree(TRAINING_CONFIGS, configs)
-    path = configs / "model7.yaml"
-    raw = yaml.safe_load(path.read_text())
-    raw["checkpoint"]["keep"] = 3  # 6.35 TiB of 7.03: less than one more 0.83 TB checkpoint free
-    path.write_text(yaml.safe_dump(raw))
-    plan = check_plan(load_settings("prod"), configs)
+def test_checkpoints_without_room_for_one_failed_save_warn(tmp_path, write_env):
+    # 6.35 TiB of 7.03: less than one more 0.83 TB checkpoint free
+    plan = check_plan(prod_with(tmp_path, write_env, "model7", {"checkpoint.keep": 3}))
     assert any("less than one more checkpoint of the largest model (828 GB)" in w for w in plan.warnings)
 
 
@@ -178,27 +167,29 @@ def test_a_late_model_is_flagged_with_steps_or_nodes_that_would_make_it(tmp_path
     assert len(late) == 7
     assert plan.errors == ()
     model7 = next(w for w in late if w.startswith("model7"))
-    assert "lower train.steps to 46," in model7 and "or give it 44 nodes" in model7
+    assert "lower steps to 46," in model7 and "in cluster_config/prod.yaml models: model7" in model7
+    assert "or give it 44 nodes" in model7
 
 
-def test_a_global_batch_that_does_not_divide_is_flagged(tmp_path):
-    configs = configs_copy(tmp_path, "model1", global_batch_size=1000)
-    plan = build_plan(load_settings("prod"), configs)
-    assert any("model1: train.global_batch_size 1000 is not a multiple of micro-batch x data-parallel ranks = "
-               "2 x 32" in w for w in plan.warnings)
+def test_a_global_batch_that_does_not_divide_stops_synth_naming_the_entry(tmp_path, write_env):
+    with pytest.raises(SettingsError, match=r"cluster_config/prod.yaml models: model1: global_batch_size 1000 is not "
+                                            r"a multiple of micro-batch x data-parallel ranks = 2 x 32; use a multiple of 64"):
+        check_plan(prod_with(tmp_path, write_env, "model1", global_batch_size=1000))
 
 
-def test_tensor_parallel_and_hsdp_layouts_are_sized(tmp_path):
+def test_tensor_parallel_and_hsdp_layouts_are_sized(tmp_path, write_env):
     """Tensor parallel splits each block's matrices and activations; HSDP shards over its group only."""
-    def total(name, **changes):
-        plan = build_plan(load_settings("prod"), configs_copy(tmp_path / f"{name}-{len(changes)}", name, **changes))
-        return next(row for row in plan.rows if row.name == name).memory["total"]
-    assert total("model7") < total("model7", tensor_parallel=1)
-    assert total("model1") > total("model1", parallelism="fsdp")  # shards of 8 GPUs, not 32
+    def total(name, **overrides):
+        settings = prod_with(tmp_path / f"{name}-{len(overrides)}", write_env, name, overrides)
+        return next(row for row in build_plan(settings).rows if row.name == name).memory["total"]
+    # Micro-batches of 4: 1,088 sequences divide over 34 tensor-parallel groups and over 272 ranks alike.
+    micro4 = {"train.micro_batch_size": 4}
+    assert total("model7", **micro4) < total("model7", **micro4, **{"train.tensor_parallel": 1})
+    assert total("model1") > total("model1", **{"train.parallelism": "fsdp"})  # shards of 8 GPUs, not 32
 
 
-def test_deferred_gradient_reduction_points_to_the_dry_run(tmp_path):
-    plan = build_plan(load_settings("prod"), configs_copy(tmp_path, "model1", grad_reduce="last_micro_batch"))
+def test_deferred_gradient_reduction_points_to_the_dry_run(tmp_path, write_env):
+    plan = build_plan(prod_with(tmp_path, write_env, "model1", {"train.grad_reduce": "last_micro_batch"}))
     assert any(w.startswith("model1: the analytic memory model assumes gradients reduced every micro-batch")
                and "python -m training.dry_run model1 --env prod" in w for w in plan.warnings)
 

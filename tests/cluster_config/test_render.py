@@ -194,7 +194,7 @@ def test_changing_the_model_list_changes_only_on_node_updated(tmp_path, write_en
     base = render("prod")
     raw = yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text())
     raw["models"][-1]["nodes"] = 7
-    raw["models"].append({"name": "model8", "nodes": 7, "preset": "llama2-13b"})
+    raw["models"].append({**raw["models"][2], "name": "model8", "dataset": "tokenized/model8"})  # a second 13B
     config_dir = write_env(tmp_path, "prod", models=raw["models"])
     changed = render_cluster_config(load_settings("prod", config_dir), ClusterResources.placeholders(load_settings("prod")))
     for path in (("HeadNode",), ("Scheduling", "SlurmQueues", 0), ("Scheduling", "SlurmQueues", 1)):

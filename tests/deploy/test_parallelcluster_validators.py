@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 
+import yaml
+
 import pytest
 
 from cluster_config.emulated.acknowledged import ACKNOWLEDGED_WARNINGS
 from cluster_config.emulated.check import check_environment, update_scenarios
 from cluster_config.emulated.stubs import PCLUSTER_STUBS
-from cluster_config.settings import Settings, available_environments
+from cluster_config.settings import CONFIG_DIR, Settings, available_environments
 
 pytestmark = pytest.mark.slow
 
@@ -197,7 +199,8 @@ def _deployed_from(tmp_path, **changes):
 def test_update_check_accepts_a_new_model_before_deploy(pcluster_venv, tmp_path, capsys):
     from cluster_config.__main__ import main
 
-    raw_models = [{"name": f"model{i}", "nodes": 11, "preset": "llama2-7b"} for i in range(1, 7)]
+    seven_b = yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text())["models"][0]
+    raw_models = [{**seven_b, "name": f"model{i}", "nodes": 11, "dataset": f"tokenized/model{i}"} for i in range(1, 7)]
     deployed = _deployed_from(tmp_path, models=raw_models)  # before model7 was added
     assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 0
     out = capsys.readouterr().out

@@ -1,6 +1,6 @@
 """Slurm accounting on the local cluster: slurmdbd + MariaDB, one account and QOS per model.
 
-local_cluster/models gives model1 two nodes and model2 one (node_scripts/slurm_accounts.sh makes
+dev's models (cluster_config/dev.yaml) give model1 two nodes and model2 one (node_scripts/slurm_accounts.sh makes
 their accounts and QOS, as on the head node). Jobs are short sleeps: what is tested is Slurm's
 scheduling and bookkeeping, not the payload.
 """

@@ -19,7 +19,7 @@ from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes
 from training.models import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, llama_config
 from training.train import build
 
-CONFIGS = Path(__file__).resolve().parents[2] / "jobs/training/configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "jobs/training/configs"  # the recipes
 PRODUCTION = [f"model{i}" for i in range(1, 8)]
 SMALL = ["model.preset=small", "data.seq_len=512", "train.micro_batch_size=4", "train.global_batch_size=8"]
 
@@ -29,8 +29,8 @@ def production_reports() -> dict:
     """One dry run per distinct job (model1/2, 3/4 and 5/6 are the same job on other data)."""
     done, reports = {}, {}
     for model in PRODUCTION:
-        cfg = load_model_config(CONFIGS / f"{model}.yaml")
-        world_size, gpu_gib = production_setup(model, "prod")
+        raw, world_size, gpu_gib = production_setup(model, "prod")
+        cfg = load_model_config(raw)
         key = (cfg.model.model_dump_json(), cfg.train.model_dump_json(), cfg.data.seq_len, world_size, gpu_gib)
         if key not in done:
             done[key] = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib)
@@ -54,7 +54,7 @@ def test_production_estimates_agree_with_the_analytic_model(production_reports):
     """States are bytes x parameters / shards; activations (no checkpointing) counted by hand."""
     for model in ("model1", "model3", "model5"):
         report = production_reports[model]
-        cfg = load_model_config(CONFIGS / f"{model}.yaml")
+        cfg = load_model_config(production_setup(model, "prod")[0])
         model_config = llama_config(cfg.model.preset, DEFAULT_VOCAB, cfg.data.seq_len)
         params, _ = count_parameters(model_config)
         shards = cfg.train.hsdp_shard_size
@@ -130,6 +130,9 @@ def test_unknown_model_is_an_error_naming_the_choices(capsys):
     assert "error:" in err and "model9" in err
 
 
-def test_plan_and_config_training_different_presets_is_an_error(capsys):
-    assert main(["model1", "--env", "dev"]) == 2  # dev's model1 is the tiny preset; model1.yaml is 7B
-    assert "the dev plan gives model1 preset 'tiny' but its config trains 'llama2-7b'" in capsys.readouterr().err
+def test_a_model_runs_what_its_environment_gives_it():
+    """One description per model: dev's model1 is the tiny preset on 2 x 4 A10G, prod's the 7B on 32 H200."""
+    raw, world_size, gpu_gib = production_setup("model1", "dev")
+    assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, gpu_gib) == ("tiny", 128, 8, 24)
+    raw, world_size, gpu_gib = production_setup("model1", "prod")
+    assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, gpu_gib) == ("llama2-7b", 4096, 32, 141)

@@ -62,7 +62,7 @@ def test_bad_config_is_refused(tiny_data, tmp_path):
     assert len(problems) == 1 and problems[0].startswith(f"config {TINY}: ") and "train.steps" in problems[0]
 
 
-def test_submit_refuses_without_calling_sbatch(tmp_path):
+def test_submit_refuses_without_calling_sbatch(tmp_path, dev_jobs):
     # sbatch on PATH records any call: the refusal must happen before it.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -76,23 +76,47 @@ def test_submit_refuses_without_calling_sbatch(tmp_path):
     assert "error: dataset:" in result.stderr and "NOT submitted" in result.stderr
     assert not (tmp_path / "sbatch-called").exists()
     unknown = subprocess.run(["bash", "jobs/submit.sh", "model99"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert unknown.returncode == 2 and "no job script" in unknown.stderr
+    assert unknown.returncode == 2
+    assert "no job script" in unknown.stderr and "this cluster's models are: model1 model2" in unknown.stderr
 
 
-def test_preprocess_for_a_model_makes_the_data_its_preflight_accepts(tmp_path, monkeypatch):
+def preprocess(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JOBS_VENV": str(REPO / ".venv"), "FSX_DATA": str(tmp_path / "fsx-data"),
+           "CLUSTER_ENV": str(tmp_path / "none.env"), "VAL_FRACTION": "0", **env}
+    return subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_preprocess_for_a_model_makes_the_data_its_preflight_accepts(tmp_path, monkeypatch, dev_jobs):
+    """dev's model1: dataset tokenized-sample at seq_len 128 with the tokenizer in tokenized-sample.src."""
     from data_pipeline.sample_data import make_sample
 
-    files, tokenizer = make_sample(tmp_path / "src", num_files=1, total_bytes=60_000)
-    env = {**os.environ, "JOBS_VENV": str(REPO / ".venv"), "FSX_DATA": str(tmp_path / "fsx-data"),
-           "CLUSTER_ENV": str(tmp_path / "none.env"), "MODEL": "tiny", "RAW_DIR": str(files[0].parent),
-           "TOKENIZER": str(tokenizer), "VAL_FRACTION": "0"}
-    result = subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    files, tokenizer = make_sample(tmp_path / "fsx-data/tokenized-sample.src", num_files=1, total_bytes=60_000)
+    result = preprocess(tmp_path, MODEL="model1", RAW_DIR=str(files[0].parent))
     assert result.returncode == 0, result.stderr[-2000:]
-    # configs/tiny.yaml: data.path ${FSX_DATA}/tokenized-sample at seq_len 128, not the generic defaults.
+    # The model's dataset, seq_len and tokenizer, not the generic defaults (tokenized, 2048, $FSX_DATA/tokenizer).
     assert f"-> {tmp_path}/fsx-data/tokenized-sample (seq_len 128)" in result.stdout
     monkeypatch.setenv("FSX_DATA", str(tmp_path / "fsx-data"))
-    assert preflight.check("tiny", None, [f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs"]) == []
+    assert preflight.check("model1", None, [f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs"]) == []
 
-    unknown = subprocess.run(["bash", "jobs/preprocess.sh"], cwd=REPO, env={**env, "MODEL": "model99"},
-                             capture_output=True, text=True, timeout=60)
+    unknown = preprocess(tmp_path, MODEL="model99")
     assert unknown.returncode == 2 and "cannot read the data settings of model 'model99'" in unknown.stderr
+
+
+def test_data_made_with_another_tokenizer_is_refused(tmp_path, monkeypatch, dev_jobs):
+    from data_pipeline.sample_data import make_sample
+
+    make_sample(tmp_path / "fsx-data/tokenized-sample.src", num_files=1, total_bytes=60_000)  # the model's
+    files, other = make_sample(tmp_path / "other", num_files=1, total_bytes=40_000, vocab_size=300)
+    result = preprocess(tmp_path, MODEL="model1", RAW_DIR=str(files[0].parent), TOKENIZER=str(other))
+    assert result.returncode == 0, result.stderr[-2000:]
+    monkeypatch.setenv("FSX_DATA", str(tmp_path / "fsx-data"))
+    problems = preflight.check("model1", None, [f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs"])
+    assert len(problems) == 1, problems
+    assert f"the dataset was made with tokenizer {str(other)!r}, not the model's" in problems[0]
+    assert "re-tokenize with MODEL=<model> sbatch jobs/preprocess.sh" in problems[0]
+
+
+def test_a_model_the_cluster_does_not_have_is_refused(dev_jobs):
+    problems = preflight.check("model9", None, [])
+    assert problems == ["model 'model9' is not one of this cluster's models (model1, model2) — add it to models: "
+                        "in the settings and redeploy, or pass --config FILE"]
