@@ -13,6 +13,7 @@ import yaml
 
 from cluster_config.render import (
     DIRECTORY_SETUP_SCRIPT,
+    JOBS_HOME,
     LOCAL_CACHE_DIR,
     NODE_SETUP_SCRIPT,
     ClusterResources,
@@ -103,6 +104,16 @@ def test_mount_dirs_are_the_ones_the_jobs_use():
     env_sh = (CONFIG_DIR.parent / "jobs" / "env.sh").read_text()
     for key, fs in load_settings("prod").storage.file_systems().items():
         assert f"${{FSX_{key.upper()}:-{fs.mount_dir}}}" in env_sh
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_nccl_tests_are_built_where_every_node_sees_them(env):
+    """jobs/nccl_tests.sh builds once and every rank runs the binaries: its default folder must be on
+    storage every node mounts. It was /fsx/tools: /fsx itself is each node's own disk."""
+    script = (CONFIG_DIR.parent / "jobs" / "nccl_tests.sh").read_text()
+    default = re.search(r'NCCL_TESTS_HOME="\$\{NCCL_TESTS_HOME:-([^}]+)\}"', script).group(1)
+    mounts = [storage["MountDir"] for storage in render(env)["SharedStorage"]]
+    assert [m for m in mounts if default.startswith(m.rstrip("/") + "/")] == [JOBS_HOME], (default, mounts)
 
 
 def test_head_node_is_private_by_default_and_imdsv2_only():
