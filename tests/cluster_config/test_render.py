@@ -18,6 +18,7 @@ from cluster_config.render import (
     NODE_SETUP_SCRIPT,
     ClusterResources,
     RenderError,
+    data_upload_policy,
     models_file,
     render_cluster_config,
 )
@@ -177,6 +178,27 @@ def test_queue_s3_access_is_least_privilege():
     assert access(cpu) == {resources.data_bucket: True, resources.backup_bucket: True, resources.assets_bucket: False}
     for queue in (gpu, cpu):
         assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
+
+
+def test_head_node_may_upload_to_the_data_bucket_but_not_delete():
+    """README's upload step runs on the head node: it needs write on the data bucket (issue: AccessDenied)."""
+    settings = load_settings("prod")
+    resources = ClusterResources.placeholders(settings)
+    iam = render_cluster_config(settings, resources)["HeadNode"]["Iam"]
+    assert iam["AdditionalIamPolicies"] == [
+        {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}, {"Policy": resources.data_upload_policy_arn}]
+    # Attachable by ParallelCluster's least-privilege users: policy/parallelcluster/* only.
+    assert resources.data_upload_policy_arn.startswith(f"arn:aws:iam::{settings.account}:policy/parallelcluster/")
+    # Through the policy, not S3Access: ParallelCluster grants a writable S3Access bucket as s3:*.
+    assert iam["S3Access"] == [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}]
+    bucket_arn = f"arn:aws:s3:::{resources.data_bucket}"
+    granted = {(action, s["Resource"]) for s in data_upload_policy(bucket_arn)["Statement"] for action in s["Action"]}
+    assert all(s["Effect"] == "Allow" for s in data_upload_policy(bucket_arn)["Statement"])
+    assert granted == {
+        ("s3:ListBucket", bucket_arn), ("s3:GetBucketLocation", bucket_arn), ("s3:ListBucketMultipartUploads", bucket_arn),
+        ("s3:GetObject", f"{bucket_arn}/*"), ("s3:PutObject", f"{bucket_arn}/*"),
+        ("s3:AbortMultipartUpload", f"{bucket_arn}/*"), ("s3:ListMultipartUploadParts", f"{bucket_arn}/*"),
+    }
 
 
 def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_file():
