@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if losses:
         first, last = min(losses), max(losses)
         print(f"loss {losses[first]:.3f} at step {first} -> {losses[last]:.3f} at step {last}")
-    print(f"Slurm logs: {fsx}/logs/model1/model1_{job}.out/.err; checkpoints: {fsx}/checkpoints/model1")
+    print(f"training log (progress, stderr): {fsx}/logs/model1/model1_{job}.err; the job's start and end: .out; "
+          f"checkpoints: {fsx}/checkpoints/model1")
     print(f"loss curve: {png}")
     return 0 if fields["JobState"] == "COMPLETED" else 1
 
