@@ -41,6 +41,19 @@ JOBS_HOME_SIZE_GIB = 100
 # volume (LVM, one stripe per disk: RAID 0) and mounts it here; the node scripts keep a data cache on it.
 LOCAL_CACHE_DIR = "/local_cache"
 
+# The head node uploads raw text and datasets to the data bucket (README: `python -m
+# data_pipeline.upload sync ... s3://<data bucket>/...`) and reads them back (verify, restore).
+# ParallelCluster's S3Access with EnableWriteAccess grants s3:* on a bucket, which would let the head
+# node change the bucket's ACL ownership, encryption or public access block; this policy grants the
+# upload's own calls only: HeadBucket and listing (ListBucket), HeadObject and GetObject, PutObject
+# (multipart uploads included) and cleaning up a failed multipart upload. No delete of any kind.
+DATA_UPLOAD_BUCKET_ACTIONS = ("s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads")
+DATA_UPLOAD_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
+# ParallelCluster attaches AdditionalIamPolicies only from policy/parallelcluster* or policy/parallelcluster/*
+# when it runs with its documented least-privilege permissions (its CLI user policy, and the provider
+# Lambda of create_cluster: true): the policy lives under this path.
+PCLUSTER_POLICY_PATH = "/parallelcluster/"
+
 SCALEDOWN_IDLE_MINUTES = 15  # idle dynamic nodes go after this; a job queued meanwhile reuses them warm
 LOG_RETENTION_DAYS = 90
 FILE_SYSTEM_KEYS = ("data", "checkpoints", "logs")
@@ -77,6 +90,7 @@ class ClusterResources:
     checkpoint_bucket: str
     assets_bucket: str
     backup_bucket: str
+    data_upload_policy_arn: str  # the managed policy of data_upload_policy(), attached to the head node
     placement_group_name: Optional[str] = None
     partition: str = "aws"
     database: Optional[SlurmDatabase] = None
@@ -100,6 +114,7 @@ class ClusterResources:
             checkpoint_bucket=f"{settings.cluster_name}-checkpoints-{settings.account}",
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
             backup_bucket=f"{settings.cluster_name}-backups-{settings.account}",
+            data_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-data-upload",
             placement_group_name=placement_group,
             database=SlurmDatabase(
                 uri=f"{settings.cluster_name}-accounting.c0abcdefghij.{settings.region}.rds.amazonaws.com:3306",
@@ -160,6 +175,19 @@ def models_file(settings: Settings) -> str:
     return "".join(f"{model.name} {model.nodes}\n" for model in settings.models)
 
 
+def data_upload_policy(data_bucket_arn: str) -> dict[str, Any]:
+    """The head node's policy on the data bucket (an IAM policy document); the cluster stack creates it."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ListDataBucket", "Effect": "Allow", "Action": list(DATA_UPLOAD_BUCKET_ACTIONS),
+             "Resource": data_bucket_arn},
+            {"Sid": "ReadWriteDataObjects", "Effect": "Allow", "Action": list(DATA_UPLOAD_OBJECT_ACTIONS),
+             "Resource": f"{data_bucket_arn}/*"},
+        ],
+    }
+
+
 def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
     return {
         "InstanceType": settings.head_node.instance_type,
@@ -175,7 +203,8 @@ def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any
         },
         "Imds": {"Secured": True},  # instance credentials for root and the cluster's daemons only
         "Iam": {
-            "AdditionalIamPolicies": [_ssm_policy(resources)],
+            # Users upload raw text and datasets from here (data_upload_policy): write, never delete.
+            "AdditionalIamPolicies": [_ssm_policy(resources), {"Policy": resources.data_upload_policy_arn}],
             "S3Access": [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}],
         },
         "CustomActions": {

@@ -131,12 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         if losses:
             first, last = min(losses), max(losses)
             print(f"  loss {losses[first]:.3f} at step {first} -> {losses[last]:.3f} at step {last}")
-        print(f"  Slurm logs: {fsx}/logs/{model}/{model}_{job}.out/.err; checkpoints: {fsx}/checkpoints/{model}")
+        print(f"  training log (progress, stderr): {fsx}/logs/{model}/{model}_{job}.err; the job's start and end: .out; "
+              f"checkpoints: {fsx}/checkpoints/{model}")
         print(f"  loss curve: {png}")
         ok &= fields["JobState"] == "COMPLETED"
 
     print("\n-- usage per model, from the accounting database")
-    print(run(["bash", "jobs/usage.sh"], env).stdout.rstrip())
+    print(run(["bash", "jobs/usage.sh", "-t", "minutes"], env).stdout.rstrip())
     return 0 if ok else 1
 
 

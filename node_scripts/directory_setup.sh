@@ -20,7 +20,7 @@
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   FSX_FSTYPE   file system type each mount must have (default lustre)
 #   CFNCONFIG    ParallelCluster's node facts (default /etc/parallelcluster/cfnconfig)
-#   JOBS_HOME    shared folder for the bundle and venv (default /opt/llm-jobs, NFS from the head node)
+#   JOBS_HOME    shared folder for the bundle, the venv and tools/ (default /opt/llm-jobs, NFS from the head node)
 #   JOBS_PYTHON  interpreter for the venv (default python3.11)
 #   LOG_DIR      where the log goes (default /var/log/parallelcluster)
 set -euo pipefail
@@ -116,6 +116,10 @@ install_jobs() {
     echo "$stamp" >"$venv/.requirements.sha256"
     log "jobs venv $venv built from $requirements"
   fi
+  # Tools the jobs build once for every node (jobs/nccl_tests.sh builds nccl-tests here): this volume
+  # is the one every node mounts besides FSx; /fsx itself is each node's own root volume. Owned by
+  # the cluster user, who submits the jobs that build into it.
+  install -d -m 2775 -o "$OWNER" -g "$GROUP" "$JOBS_HOME/tools"
   # What only the deployment knows, for jobs/env.sh to pick up on every node.
   # CHECKPOINT_S3_URI: where the backup job copies final checkpoints (the backup bucket);
   # DATA_S3_URI: where tokenized datasets are synced (the data bucket).

@@ -18,10 +18,12 @@ from cluster_config.render import (
     CONFIG_PREFIX,
     JOBS_PREFIX,
     NODE_SCRIPTS_PREFIX,
+    PCLUSTER_POLICY_PATH,
     PCLUSTER_VERSION,
     ClusterResources,
     SlurmDatabase,
     config_key,
+    data_upload_policy,
     models_file,
     models_key,
     render_cluster_config,
@@ -59,6 +61,15 @@ class ClusterStack(cdk.Stack):
         # A stack that owns a running cluster must not go by accident (see docs/cluster.md).
         super().__init__(scope, construct_id, env=env, termination_protection=settings.create_cluster, **kwargs)
 
+        # The head node's write access to the data bucket, for uploads users run there (README, data pipeline).
+        self.data_upload_policy = iam.ManagedPolicy(
+            self,
+            "HeadNodeDataUpload",
+            description="The cluster's head node uploads to and reads the data bucket; it may not delete",
+            path=PCLUSTER_POLICY_PATH,
+            document=iam.PolicyDocument.from_json(data_upload_policy(storage.data_bucket.bucket_arn)),
+        )
+        nag.acknowledge_data_upload_policy(self.data_upload_policy)
         self.resources = ClusterResources(
             head_node_subnet_id=network.head_node_subnet.subnet_id,
             compute_subnet_id=network.compute_subnet.subnet_id,
@@ -69,6 +80,7 @@ class ClusterStack(cdk.Stack):
             checkpoint_bucket=storage.checkpoint_bucket.bucket_name,
             assets_bucket=storage.assets_bucket.bucket_name,
             backup_bucket=storage.backup_bucket.bucket_name,
+            data_upload_policy_arn=self.data_upload_policy.managed_policy_arn,
             placement_group_name=network.placement_group.ref if network.placement_group else None,
             partition=cdk.Aws.PARTITION,
             database=SlurmDatabase(uri=database.uri, user_name=database.instance_user, password_secret_arn=database.secret.secret_arn),

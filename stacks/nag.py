@@ -96,6 +96,14 @@ def acknowledge_provider_policy(policy: Construct) -> None:
     )))
 
 
+def acknowledge_data_upload_policy(policy: Construct) -> None:
+    """The head node's upload policy on the data bucket (cluster_config.render.data_upload_policy)."""
+    policy.node.add_validation(_AcknowledgeObjectWildcards(policy, (
+        "Users upload raw text and datasets from the head node under keys they choose; it may read and "
+        "write objects of the data bucket (bucket/*), with no delete action at all."
+    )))
+
+
 @jsii.implements(IValidation)
 class _AcknowledgeObjectWildcards:
     """Acknowledge CDK's s3 action families and ``<bucket>/*`` resources in one policy, nothing else."""

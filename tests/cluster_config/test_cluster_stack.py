@@ -92,6 +92,22 @@ def test_no_iam_policy_grants_s3_star_on_star(prod_synth, dev_create_cluster_syn
                 assert not ({"s3:*", "*"} & set(actions) and "*" in resources), statement
 
 
+def test_head_node_gets_the_data_upload_policy_on_the_storage_stacks_data_bucket(prod_synth):
+    """The managed policy exists under /parallelcluster/ (attachable by ParallelCluster), names the data
+    bucket the storage stack made, and the deployed config lists it in the head node's AdditionalIamPolicies."""
+    policies = {k: v for k, v in prod_synth.resources("cluster", "AWS::IAM::ManagedPolicy").items() if k.startswith("HeadNodeDataUpload")}
+    ((logical_id, policy),) = policies.items()
+    assert policy["Properties"]["Path"] == "/parallelcluster/"
+    listing, objects = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert producer(prod_synth, listing["Resource"]) == ("storage", "AWS::S3::Bucket")
+    assert "DataBucket" in listing["Resource"]["Fn::ImportValue"]
+    assert objects["Resource"]["Fn::Join"][1] == [listing["Resource"], "/*"]
+    actions = [a for s in (listing, objects) for a in s["Action"]]
+    assert not [a for a in actions if "Delete" in a or "*" in a or "Policy" in a], actions
+    markers = deployments(prod_synth)["cluster/"]["SourceMarkers"]
+    assert any({"Ref": logical_id} in value["Fn::Join"][1] for marker in markers for value in marker.values())
+
+
 def test_create_cluster_uses_parallelclusters_custom_resource(dev_create_cluster_synth):
     template = dev_create_cluster_synth.templates["cluster"]
     (provider_id, provider), = dev_create_cluster_synth.resources("cluster", "AWS::CloudFormation::Stack").items()

@@ -13,10 +13,12 @@ import yaml
 
 from cluster_config.render import (
     DIRECTORY_SETUP_SCRIPT,
+    JOBS_HOME,
     LOCAL_CACHE_DIR,
     NODE_SETUP_SCRIPT,
     ClusterResources,
     RenderError,
+    data_upload_policy,
     models_file,
     render_cluster_config,
 )
@@ -105,6 +107,16 @@ def test_mount_dirs_are_the_ones_the_jobs_use():
         assert f"${{FSX_{key.upper()}:-{fs.mount_dir}}}" in env_sh
 
 
+@pytest.mark.parametrize("env", ENVS)
+def test_nccl_tests_are_built_where_every_node_sees_them(env):
+    """jobs/nccl_tests.sh builds once and every rank runs the binaries: its default folder must be on
+    storage every node mounts. It was /fsx/tools: /fsx itself is each node's own disk."""
+    script = (CONFIG_DIR.parent / "jobs" / "nccl_tests.sh").read_text()
+    default = re.search(r'NCCL_TESTS_HOME="\$\{NCCL_TESTS_HOME:-([^}]+)\}"', script).group(1)
+    mounts = [storage["MountDir"] for storage in render(env)["SharedStorage"]]
+    assert [m for m in mounts if default.startswith(m.rstrip("/") + "/")] == [JOBS_HOME], (default, mounts)
+
+
 def test_head_node_is_private_by_default_and_imdsv2_only():
     config = render("prod")
     head = config["HeadNode"]
@@ -166,6 +178,27 @@ def test_queue_s3_access_is_least_privilege():
     assert access(cpu) == {resources.data_bucket: True, resources.backup_bucket: True, resources.assets_bucket: False}
     for queue in (gpu, cpu):
         assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
+
+
+def test_head_node_may_upload_to_the_data_bucket_but_not_delete():
+    """README's upload step runs on the head node: it needs write on the data bucket (issue: AccessDenied)."""
+    settings = load_settings("prod")
+    resources = ClusterResources.placeholders(settings)
+    iam = render_cluster_config(settings, resources)["HeadNode"]["Iam"]
+    assert iam["AdditionalIamPolicies"] == [
+        {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}, {"Policy": resources.data_upload_policy_arn}]
+    # Attachable by ParallelCluster's least-privilege users: policy/parallelcluster/* only.
+    assert resources.data_upload_policy_arn.startswith(f"arn:aws:iam::{settings.account}:policy/parallelcluster/")
+    # Through the policy, not S3Access: ParallelCluster grants a writable S3Access bucket as s3:*.
+    assert iam["S3Access"] == [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}]
+    bucket_arn = f"arn:aws:s3:::{resources.data_bucket}"
+    granted = {(action, s["Resource"]) for s in data_upload_policy(bucket_arn)["Statement"] for action in s["Action"]}
+    assert all(s["Effect"] == "Allow" for s in data_upload_policy(bucket_arn)["Statement"])
+    assert granted == {
+        ("s3:ListBucket", bucket_arn), ("s3:GetBucketLocation", bucket_arn), ("s3:ListBucketMultipartUploads", bucket_arn),
+        ("s3:GetObject", f"{bucket_arn}/*"), ("s3:PutObject", f"{bucket_arn}/*"),
+        ("s3:AbortMultipartUpload", f"{bucket_arn}/*"), ("s3:ListMultipartUploadParts", f"{bucket_arn}/*"),
+    }
 
 
 def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_file():

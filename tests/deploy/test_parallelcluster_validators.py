@@ -27,7 +27,7 @@ KEY_VALIDATORS = {
     "ExistingFsxNetworkingValidator",  # Lustre ports through the file systems' ENIs and security groups
     "SecurityGroupsValidator", "EfaSecurityGroupValidator", "EfaValidator",
     "HeadNodeLaunchTemplateValidator", "ComputeResourceLaunchTemplateValidator",
-    "AdditionalIamPolicyValidator",  # the SSM managed policy exists
+    "AdditionalIamPolicyValidator",  # the SSM managed policy and the head node's upload policy exist
     "AsyncTimedUrlValidator",  # the node scripts are in the assets bucket
     "QueueSubnetsValidator", "SchedulableMemoryValidator", "EbsVolumeThroughputIopsValidator",
 }
@@ -108,6 +108,22 @@ def test_model_list_in_on_node_configured_args_would_make_the_update_fail(synthe
     assert [(row[0], row[1]) for row in refused["rows"] if row[4] != "SUCCEEDED"] == [
         ("['HeadNode', 'CustomActions', 'OnNodeConfigured']", "Args")
     ]
+
+
+def test_the_head_node_upload_policy_reaches_a_running_cluster_by_update(synthesized, pcluster_venv):
+    """Clusters created before the head node could write the data bucket get the policy by `cdk deploy`."""
+    settings, stacks, templates, _ = synthesized("prod")
+
+    def before_the_policy(deployed):
+        old = copy.deepcopy(deployed.config)
+        old["HeadNode"]["Iam"]["AdditionalIamPolicies"].remove({"Policy": deployed.resources.data_upload_policy_arn})
+        return {"add the upload policy": (old, deployed.config)}
+
+    result = check_environment(settings, stacks, templates, with_updates=False, extra_updates=before_the_policy)
+    assert result.errors == [], result.errors  # the policy exists in the account (AdditionalIamPolicyValidator)
+    update = result.updates["add the upload policy"]
+    assert update["allowed"], update["rows"]
+    assert [(row[0], row[4]) for row in update["rows"]] == [("['HeadNode', 'Iam']", "SUCCEEDED")], update["rows"]
 
 
 def test_c6i_in_ap_southeast_3_is_what_parallelcluster_rejects(synthesized, pcluster_venv):

@@ -15,6 +15,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from cluster_config.render import models_file
+from cluster_config.settings import load_settings
+
 pytestmark = pytest.mark.slurm
 
 PENDING_ON_SHARE = {"QOSGrpJobsLimit", "QOSGrpNodeLimit", "QOSMaxJobsPerUserLimit"}
@@ -233,6 +236,8 @@ def test_a_removed_model_is_retired_with_its_history_and_can_come_back(slurm_clu
         assert run("sacctmgr", "-n", "-P", "show", "account", "model2", "format=Account,Descr").strip() == \
             "model2|retired: not in the model list"
     finally:
-        run("bash", str(script), "--user", "root", str(slurm_cluster.repo / "local_cluster" / "models"))
+        dev_models = tmp_path / "dev-models"  # back to what `up` set: dev's models (cluster_config/dev.yaml)
+        dev_models.write_text(models_file(load_settings("dev")))
+        run("bash", str(script), "--user", "root", str(dev_models))
     job = submit(slurm_cluster, "model2", 1, 1)
     assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)

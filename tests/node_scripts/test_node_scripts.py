@@ -158,6 +158,9 @@ def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(n
                              capture_output=True, text=True, check=True)
     assert sourced.stdout.split() == ["s3://backup-bucket", "s3://data-bucket"]
     assert (venv / "bin" / "python").exists()
+    # Where jobs build tools once for every node (jobs/nccl_tests.sh): on the shared volume, writable by the cluster user.
+    tools = node / "jobs_home" / "tools"
+    assert (tools.owner(), oct(tools.stat().st_mode & 0o7777)) == ("nobody", "0o2775")
     # The health check runs before and after every job, from the folders ParallelCluster's slurm.conf names.
     for hook in ("prolog", "epilog"):
         installed = node / "slurm_etc" / "scripts" / f"{hook}.d" / "80_llm_node_health"

@@ -61,10 +61,14 @@ class Job:
     def losses(self) -> dict[int, tuple[float, int]]:
         return {r["step"]: (r["loss"], r["samples_crc"]) for r in self.records() if "loss" in r}
 
+    def log(self, ext: str) -> str:
+        """The job's Slurm ``out`` (stdout) or ``err`` (stderr) file, as train_model1.sh names them."""
+        path = self.cluster.fsx / f"logs/model1/model1_{self.id}.{ext}"
+        return path.read_text() if path.exists() else ""
+
     def output(self) -> str:
         """The job's Slurm stdout then stderr (training logs go to stderr)."""
-        paths = [self.cluster.fsx / f"logs/model1/model1_{self.id}.{ext}" for ext in ("out", "err")]
-        return "".join(p.read_text() for p in paths if p.exists())
+        return self.log("out") + self.log("err")
 
     def wait_until(self, what: str, done, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -144,8 +148,11 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     assert logged.startswith(f"/fsx/{uninterrupted.root}/logs/model1/code/{uninterrupted.id}/"), logged
     tiny = Path(__file__).resolve().parents[2] / "jobs/training/configs/tiny.yaml"
     assert (snapshot / Path(logged).name).read_text() == tiny.read_text()
-    assert "step 40/40 (elapsed " in out  # the training log line's progress
     assert "status complete" in out
+    # Where README and docs/training.md tell the user to watch: progress in .err, the job's own lines in .out.
+    err, stdout = uninterrupted.log("err"), uninterrupted.log("out")
+    assert "step 40/40 (elapsed " in err and "step 40/40" not in stdout
+    assert "model1 on 2 nodes" in stdout and "training ended: srun exit 0, status complete" in stdout
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
 
 
