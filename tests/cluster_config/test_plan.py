@@ -172,8 +172,9 @@ def test_a_late_model_is_flagged_with_steps_or_nodes_that_would_make_it(tmp_path
 
 
 def test_a_global_batch_that_does_not_divide_stops_synth_naming_the_entry(tmp_path, write_env):
-    with pytest.raises(SettingsError, match=r"cluster_config/prod.yaml models: model1: global_batch_size 1000 is not "
-                                            r"a multiple of micro-batch x data-parallel ranks = 2 x 32; use a multiple of 64"):
+    with pytest.raises(SettingsError, match=r"cluster_config/prod.yaml models: model1: train.global_batch_size 1000 is "
+                                            r"not a multiple of train.micro_batch_size x data-parallel ranks = 2 x 32; "
+                                            r"use a multiple of 64"):
         check_plan(prod_with(tmp_path, write_env, "model1", global_batch_size=1000))
 
 
