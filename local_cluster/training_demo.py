@@ -16,7 +16,6 @@ resumed, then each model's node-hours from the accounting database.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -27,15 +26,12 @@ from pathlib import Path
 
 from cli import ArgumentParser
 from training import plot
+from training.status import read_metrics
 
 from . import demo_data
 from .client import REPO, job_records, wait_for_job
 
 SHARE_LIMITS = ("QOSGrpJobsLimit", "QOSGrpNodeLimit", "QOSMaxJobsPerUserLimit")
-
-
-def records(metrics: Path) -> list[dict]:
-    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
 def run(cmd: list[str], env: dict, check: bool = True) -> subprocess.CompletedProcess:
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def interrupt_once_at_step() -> None:
         nonlocal interrupted
-        steps = [r["step"] for r in records(metrics) if "loss" in r]
+        steps = [r["step"] for r in read_metrics(metrics) if "loss" in r]
         if not interrupted and steps and max(steps) >= args.interrupt_at:
             print(f"\nstep {max(steps)}: scancel --signal=USR1 {model1}  (what --signal=USR1@600 does before the time limit)")
             subprocess.run(["scancel", "--signal=USR1", model1], check=True)
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for model, job in (("model1", model1), ("model2", model2)):
         fields = job_records(job)[0]
-        losses = {r["step"]: r["loss"] for r in records(fsx / f"logs/{model}/metrics.jsonl") if "loss" in r}
+        losses = {r["step"]: r["loss"] for r in read_metrics(fsx / f"logs/{model}/metrics.jsonl") if "loss" in r}
         png = plot.plot(fsx / f"logs/{model}/metrics.jsonl", fsx / f"logs/{model}/loss.png",
                         title=f"{model} (dev, tiny preset), {fields['NumNodes']} node(s), job {job}")
         print(f"\n{model} job {job}: {fields['JobState']} exit {fields.get('ExitCode')}, restarts {fields.get('Restarts')}, "

@@ -12,7 +12,6 @@ production. The nodes share the host's /proc, so the workers are found (and sign
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import uuid
 from pathlib import Path
 
 from local_cluster.client import LocalCluster
+from training.status import read_metrics
 
 TINY = ("--config", "jobs/training/configs/tiny.yaml")
 OPTIONS = ["--nodes=2", "--gpus-per-node=0"]  # the local nodes have CPUs only
@@ -57,16 +57,7 @@ class TrainingJob:
         return self.host_root / "checkpoints/model1"
 
     def records(self) -> list[dict]:
-        path = self.log_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written right now
-        return out
+        return read_metrics(self.log_dir / "metrics.jsonl")
 
     def events(self, kind: str) -> list[dict]:
         return [r for r in self.records() if r.get("event") == kind]

@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .presets import PRESETS  # torch-free: the cluster settings check configs with this module
 
 
+MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/<model>.yaml, derived from the settings
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field and the fix."""
 

@@ -24,9 +24,8 @@ from pathlib import Path
 from data_pipeline.loader import DatasetError, check_compatible, read_dataset_meta
 from data_pipeline.shards import token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
-from training.config import ConfigError, load_config
+from training.config import MODEL_CONFIGS, ConfigError, load_config
 
-MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/, generated from the settings
 
 
 def check(model: str, config: str | None, overrides: list[str]) -> list[str]:

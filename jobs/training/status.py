@@ -34,8 +34,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training.config import MODEL_CONFIGS
+
 REPO = Path(__file__).resolve().parents[2]
-MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/, generated from the settings
 BACKUP_DONE = "backed up and verified"
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from cluster_config.model_jobs import GENERATED_HEADER, job_files, training_config, write_job_files
+from cluster_config.model_jobs import GENERATED_BY, job_files, training_config, write_job_files
 from cluster_config.plan import check_plan
 from cluster_config.settings import CONFIG_DIR, SettingsError, available_environments, load_settings
 from stacks.cluster_stack import GENERATED_EXCLUDES
@@ -116,7 +116,7 @@ def test_the_bundle_carries_this_environments_files_not_a_checkouts():
     for path in job_files(load_settings("prod")):
         assert any(fnmatch.fnmatch(path, pattern) for pattern in GENERATED_EXCLUDES), path
     for text in job_files(load_settings("prod")).values():
-        assert GENERATED_HEADER.format(env="prod", name="model1").split(" (")[0] in text
+        assert f"{GENERATED_BY} from cluster_config/prod.yaml" in text
 
 
 def test_cli_writes_the_files_and_the_model_list(tmp_path):
