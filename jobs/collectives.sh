@@ -25,7 +25,7 @@ fi
 # Results directory on the shared file system, one per job.
 out_dir="${COLLECTIVES_OUT_DIR:-$FSX_LOGS/validation/collectives_${SLURM_JOB_ID}}"
 # The first node hosts the c10d rendezvous; torchrun on every node meets there.
-rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 
 # One OpenMP thread per rank (torchrun would warn and set it anyway); ranks share the cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

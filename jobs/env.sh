@@ -48,9 +48,11 @@ fi
 # same network as NCCL. gloo takes interface names, not NCCL's ^exclusions: the interface holding
 # the address this host's name resolves to, unless that is loopback. The nodes of a queue are
 # identical (same AMI and instance type), so the batch node's answer holds for every node.
+# Under the payloads' `set -euo pipefail` a failed lookup (a name that does not resolve) or an awk that
+# stops reading early (ip dies of SIGPIPE) would end the job; neither may, hence `|| true` and no exit.
 if [[ -z ${GLOO_SOCKET_IFNAME:-} ]] && command -v ip >/dev/null 2>&1; then
-  _addr="$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 { print $1 }')"
-  _ifname="$(ip -o -4 addr show 2>/dev/null | awk -v a="$_addr" '{ split($4, p, "/") } p[1] == a { print $2; exit }')"
+  _addr="$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 { print $1 }')" || true
+  _ifname="$(ip -o -4 addr show 2>/dev/null | awk -v a="$_addr" '{ split($4, p, "/") } !found && p[1] == a { print $2; found = 1 }')" || true
   if [[ -n $_ifname && $_ifname != lo ]]; then
     export GLOO_SOCKET_IFNAME="$_ifname"
   fi

@@ -91,7 +91,7 @@ if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
 fi
 
 # c10d rendezvous on the first node of the allocation; every torchrun joins it.
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 RDZV_PORT="${RDZV_PORT:-29500}"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   NPROC_PER_NODE="$(nvidia-smi -L | grep -c '^GPU')"

@@ -63,7 +63,7 @@ veth_of() { echo "lcveth${1#node}"; }
 install_packages() {
   local missing=() pkg
   for pkg in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$pkg")
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep '^install ok installed$' >/dev/null || missing+=("$pkg")
   done
   ((${#missing[@]} == 0)) && return 0
   log "installing ${missing[*]}"
@@ -355,7 +355,7 @@ start_slurmdbd() {
   done
   ((i < 300)) || die "slurmdbd does not answer after 30 s; see $LOGS/slurmdbd.log"
   # The cluster must be known to the database before slurmctld registers with it.
-  if ! sacctmgr -nP show cluster format=cluster | grep -qx localcluster; then
+  if ! sacctmgr -nP show cluster format=cluster | grep -x localcluster >/dev/null; then
     sacctmgr -i add cluster localcluster >/dev/null
   fi
 }
@@ -465,7 +465,7 @@ cmd_status() {
   for node in "${NODES[@]}"; do report "$RUN/slurmd-$node.pid" slurmd "slurmd $node"; done
   if ((ok == 0)) && sinfo -h >/dev/null 2>&1; then
     sinfo -N -o '%N %P %T %c %m'
-    if sinfo -h -N -o '%T' | grep -qvE '^(idle|allocated|mixed|completing)$'; then
+    if sinfo -h -N -o '%T' | grep -vE '^(idle|allocated|mixed|completing)$' >/dev/null; then
       log "some nodes are not usable"; ok=1
     fi
   else

@@ -73,7 +73,7 @@ account() {
   fi
   sacctmgr modify account where name="$name" set description="$description" qos="$name" defaultqos="$name"
   for user in "${users[@]}"; do
-    if ! listed assoc where account="$name" user="$user" format=user | grep -qx "$user"; then
+    if ! listed assoc where account="$name" user="$user" format=user | grep -x "$user" >/dev/null; then
       sacctmgr add user "$user" account="$name"
     fi
   done

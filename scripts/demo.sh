@@ -45,14 +45,14 @@ fsx_rc=0
 FSX_EXPECTED_MB_S=$(python -m cluster_config fsx-expected --env dev) \
   FSX_PERF_XFER=1m FSX_PERF_BLOCK=16m FSX_PERF_FILES_PER_TASK=200 FSX_PERF_SECONDS=20 \
   sbatch --wait --ntasks-per-node=2 --exclusive=user jobs/fsx_perf.sh >/dev/null || fsx_rc=$?
-fsx_log=$(ls -t "$FSX_HOST"/logs/validation/fsx-perf_*.out | head -n 1)
+fsx_log=$(ls -t "$FSX_HOST"/logs/validation/fsx-perf_*.out | sed -n 1p)
 sed -n '/^mount /,/^$/p' "$fsx_log"
 if ((fsx_rc != 0)) && { ((fsx_rc != 1)) || grep -Eq '[[:space:]](failed|missing)$' "$fsx_log"; }; then
   echo "error: fsx_perf.sh failed (exit $fsx_rc) — see $fsx_log" >&2
   exit 1
 fi
 sbatch --wait --exclusive=user jobs/input_diagnosis.sh --steps 6 --batches 50 >/dev/null
-diag_log=$(ls -t "$FSX_HOST"/logs/validation/input-diagnosis_*.out | head -n 1)
+diag_log=$(ls -t "$FSX_HOST"/logs/validation/input-diagnosis_*.out | sed -n 1p)
 sed -n '/loader alone/,$p' "$diag_log"
 
 step "Done"

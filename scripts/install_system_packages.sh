@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 procps fio)
 missing=()
 for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$package")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
