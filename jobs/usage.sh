@@ -8,7 +8,8 @@
 # START: anything sacct -S and sreport start= take (default: today, i.e. midnight). -t: sreport's
 # time unit (default hours; sreport prints whole numbers, so jobs of seconds need minutes).
 #   1. sacct: node-hours per account, START to now, each job cut to that window (sacct -T); it
-#      includes jobs that ended a minute ago, and running ones.
+#      includes jobs that ended a minute ago, running ones, and every run of a requeued job
+#      (sacct -D: without it sacct shows only a requeued job's last run, while sreport counts all).
 #   2. sreport cluster AccountUtilizationByUser, START to the current full hour: slurmdbd's hourly
 #      roll-up, which holds complete hours only. slurmdbd rolls an hour up when it ends (or at its
 #      next start if it was down), never the hour in progress.
@@ -41,8 +42,8 @@ for cmd in sacct sreport; do
   command -v "$cmd" >/dev/null || fail "$cmd not found" "run this on the head node (or the local cluster's host)"
 done
 
-# 1. sacct: every job of the window, each cut to it (-T), as in sreport.
-if ! records=$(sacct -X -a -n -P -T -S "$start" -E now --format=Account,NNodes,ElapsedRaw 2>&1); then
+# 1. sacct: every run of every job of the window (-D), each cut to it (-T), as in sreport.
+if ! records=$(sacct -X -D -a -n -P -T -S "$start" -E now --format=Account,NNodes,ElapsedRaw 2>&1); then
   fail "sacct: $(tail -n 1 <<<"$records")" "check START ($start), and that slurmctld and slurmdbd run (sacctmgr show cluster)"
 fi
 echo "node-hours per account, $start to now (sacct; jobs ended or running, cut to the window):"

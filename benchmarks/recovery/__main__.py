@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cluster.is_up():
         print("error: the local cluster is not up — run `local_cluster/cluster.sh up` first", file=sys.stderr)
         return 1
-    from training import demo_data
+    from local_cluster import demo_data
 
     demo_data.build(cluster.fsx / "data/tokenized-sample")
     ref = TrainingJob(cluster, "bench-reference").submit(*RUN)
