@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # ParallelCluster OnNodeConfigured on every node (and OnNodeUpdated on the head node): check the
-# shared storage, lay out the per-model folders, and on the head node install the jobs bundle and
-# the jobs' Python environment. Idempotent; every run appends to one log.
+# shared storage, lay out the per-model folders, install the jobs' interpreter where it is missing,
+# on the head node install the jobs bundle and the jobs' Python environment, and on every node check
+# that this environment starts there. Idempotent; every run appends to one log, with the seconds
+# each step took (the head node's whole bootstrap must fit HeadNodeBootstrapTimeout).
 #
-#   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR]
+#   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--gpus N]
 #                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET] [--data-uri s3://BUCKET]
 #                      [--models-uri s3://BUCKET/cluster/NAME.models [--models-sha256 HEX]]
 #                      [--timeout SECONDS] [MODEL...]
+#
+# --gpus N: the node's queue's GPUs per instance (0 for the CPU queue; compute nodes only). Written
+# to $NODE_HEALTH_ENV (EXPECTED_GPUS=N) for node_health.sh, the Slurm prolog/epilog check: the
+# settings, not the installed tools, say what the node must have (node_scripts/ami/).
 #
 # The cluster config passes the mount points from the settings (one truth with jobs/env.sh) and
 # where the list of models sharing the cluster lies ("<name> <nodes>" a line, shipped by the cluster stack;
@@ -18,17 +24,27 @@
 # and, shared by all models, $DATA/{raw,tokenized}/ with wide striping and $LOGS/validation/ with one.
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
-#   FSX_FSTYPE   file system type each mount must have (default lustre)
-#   CFNCONFIG    ParallelCluster's node facts (default /etc/parallelcluster/cfnconfig)
-#   JOBS_HOME    shared folder for the bundle, the venv and tools/ (default /opt/llm-jobs, NFS from the head node)
-#   JOBS_PYTHON  interpreter for the venv (default python3.11)
-#   LOG_DIR      where the log goes (default /var/log/parallelcluster)
+#   FSX_FSTYPE           file system type each mount must have (default lustre)
+#   CFNCONFIG            ParallelCluster's node facts, required: cfn_node_type (HeadNode|ComputeFleet)
+#                        and cfn_cluster_user (default /etc/parallelcluster/cfnconfig)
+#   JOBS_HOME            shared folder for the bundle, the venv and tools/ (default /opt/llm-jobs, NFS from the head node)
+#   JOBS_PYTHON          absolute path of the jobs' interpreter (default /usr/bin/python3.11). The venv's
+#                        bin/python links to it, so every node needs it; the AMI has only Python 3.9.
+#   JOBS_PYTHON_INSTALL  command that installs JOBS_PYTHON where it is missing (default dnf install -y -q python3.11)
+#   JOBS_VENV_SITE_PACKAGES  tests and the local cluster only, a stand-in for PyPI: the head node builds
+#                        the venv without pip and, instead of installing requirements-jobs.txt, adds this
+#                        folder to the venv's path (a .pth file in its site-packages)
+#   NODE_HEALTH_ENV      node-local settings for node_health.sh (default /etc/llm/node-health.env)
+#   LOG_DIR              where the log goes (default /var/log/parallelcluster)
 set -euo pipefail
 
 FSX_FSTYPE="${FSX_FSTYPE:-lustre}"
 CFNCONFIG="${CFNCONFIG:-/etc/parallelcluster/cfnconfig}"
 JOBS_HOME="${JOBS_HOME:-/opt/llm-jobs}"
-JOBS_PYTHON="${JOBS_PYTHON:-python3.11}"
+JOBS_PYTHON="${JOBS_PYTHON:-/usr/bin/python3.11}"
+JOBS_PYTHON_INSTALL="${JOBS_PYTHON_INSTALL:-dnf install -y -q python3.11}"
+JOBS_VENV_SITE_PACKAGES="${JOBS_VENV_SITE_PACKAGES:-}"
+NODE_HEALTH_ENV="${NODE_HEALTH_ENV:-/etc/llm/node-health.env}"
 LOG_DIR="${LOG_DIR:-/var/log/parallelcluster}"
 LOG_FILE="$LOG_DIR/llm-directory-setup.log"
 WIDE_STRIPE=(-c -1 -S 4M)  # every OST, 4 MiB stripes: datasets and checkpoints
@@ -36,8 +52,15 @@ NARROW_STRIPE=(-c 1)       # one OST: logs
 
 log() { printf '%s directory_setup: %s\n' "$(date -u +%FT%TZ)" "$*" | tee -a "$LOG_FILE" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# Run a step and log its seconds.
+timed() {
+  local step="$1" start=$SECONDS
+  shift
+  "$@"
+  log "step '$step' took $((SECONDS - start))s"
+}
 usage() {
-  echo "error: bad arguments — usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--jobs-uri S3URI] [--checkpoint-uri S3URI] [--data-uri S3URI] [--models-uri S3URI [--models-sha256 HEX]] [--timeout SECONDS] [MODEL...]" >&2
+  echo "error: bad arguments — usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--gpus N] [--jobs-uri S3URI] [--checkpoint-uri S3URI] [--data-uri S3URI] [--models-uri S3URI [--models-sha256 HEX]] [--timeout SECONDS] [MODEL...]" >&2
   exit 2
 }
 
@@ -95,27 +118,83 @@ lustre_runtime_tuning() {
   log "Lustre runtime tuning applied"
 }
 
-install_jobs() {
+read_cfnconfig() {
+  # Which node this is decides what runs: without the file, the head node would skip the bundle,
+  # the venv and the health hooks and every job would fail later, far from the cause.
+  [[ -f "$CFNCONFIG" ]] || die "$CFNCONFIG is missing, so this node cannot tell whether it is the head node. ParallelCluster writes it before running OnNodeConfigured/OnNodeUpdated; run this script only as one of those custom actions. If your ParallelCluster release no longer writes it (its docs say it may be removed), set CFNCONFIG to a file with cfn_node_type=HeadNode|ComputeFleet and cfn_cluster_user=<the cluster's default user>"
+  # shellcheck disable=SC1090  # ParallelCluster's generated key=value facts
+  source "$CFNCONFIG"
+  NODE_TYPE="${cfn_node_type:-}"
+  CLUSTER_USER="${cfn_cluster_user:-}"
+  [[ "$NODE_TYPE" == HeadNode || "$NODE_TYPE" == ComputeFleet ]] \
+    || die "$CFNCONFIG: cfn_node_type is '$NODE_TYPE', expected HeadNode or ComputeFleet"
+  [[ -n "$CLUSTER_USER" ]] || die "$CFNCONFIG: cfn_cluster_user is not set"
+}
+
+write_node_health_env() {
+  # Node-local, unlike /opt/slurm where the check itself lives: the two queues share the check
+  # but not what their nodes must have.
+  local gpus="$1"
+  install -d -m 0755 "$(dirname "$NODE_HEALTH_ENV")"
+  printf '# Written by directory_setup.sh --gpus; sourced by node_health.sh.\nEXPECTED_GPUS=%s\n' "$gpus" >"$NODE_HEALTH_ENV.tmp"
+  mv -f "$NODE_HEALTH_ENV.tmp" "$NODE_HEALTH_ENV"
+  log "node health check expects $gpus GPU(s) here ($NODE_HEALTH_ENV)"
+}
+
+ensure_jobs_python() {
+  # Every node: the shared venv's bin/python is a link to $JOBS_PYTHON, which each node must
+  # have itself; ParallelCluster's AL2023 AMI has only the system Python 3.9.
+  [[ "$JOBS_PYTHON" == /* ]] || die "JOBS_PYTHON must be an absolute path (the venv links to it on every node), got '$JOBS_PYTHON'"
+  if [[ -x "$JOBS_PYTHON" ]]; then
+    log "jobs interpreter $JOBS_PYTHON present"
+    return
+  fi
+  log "jobs interpreter $JOBS_PYTHON missing: installing it ($JOBS_PYTHON_INSTALL)"
+  bash -c "$JOBS_PYTHON_INSTALL" 2>&1 | tee -a "$LOG_FILE" >&2 \
+    || die "could not install the jobs interpreter $JOBS_PYTHON with '$JOBS_PYTHON_INSTALL' (check the node reaches the package repositories)"
+  [[ -x "$JOBS_PYTHON" ]] || die "'$JOBS_PYTHON_INSTALL' succeeded but $JOBS_PYTHON is still missing; set JOBS_PYTHON to the interpreter it installs"
+  log "jobs interpreter $JOBS_PYTHON installed"
+}
+
+sync_jobs_bundle() {
   # Head node only: the bundle and the venv live on the shared EBS volume at $JOBS_HOME, which
   # every compute node mounts over NFS; building them once keeps PyPI traffic off node boots.
-  local jobs_uri="$1" checkpoint_uri="$2" data_uri="$3" bundle="$JOBS_HOME/bundle" venv="$JOBS_HOME/venv" requirements stamp
+  local jobs_uri="$1" bundle="$JOBS_HOME/bundle"
   [[ -n "$jobs_uri" ]] || die "head node: --jobs-uri is required to install the jobs bundle"
   install -d -m 0755 "$bundle"
   aws s3 sync --only-show-errors --delete "$jobs_uri" "$bundle/jobs"
-  requirements="$bundle/jobs/requirements-jobs.txt"
-  [[ -f "$requirements" ]] || die "the jobs bundle at $jobs_uri has no requirements-jobs.txt; redeploy the cluster stack"
-  if ! command -v "$JOBS_PYTHON" >/dev/null; then
-    dnf install -y -q "$JOBS_PYTHON" || die "$JOBS_PYTHON is missing and could not be installed"
-  fi
+  [[ -f "$bundle/jobs/requirements-jobs.txt" ]] || die "the jobs bundle at $jobs_uri has no requirements-jobs.txt; redeploy the cluster stack"
+  log "jobs bundle in $bundle: cd $bundle && sbatch jobs/<script>.sh"
+}
+
+build_jobs_venv() {
+  local requirements="$JOBS_HOME/bundle/jobs/requirements-jobs.txt" venv="$JOBS_HOME/venv" stamp site
   stamp="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  [[ -z "$JOBS_VENV_SITE_PACKAGES" ]] || stamp+=" site-packages:$JOBS_VENV_SITE_PACKAGES"
   if [[ -f "$venv/.requirements.sha256" && "$(cat "$venv/.requirements.sha256")" == "$stamp" ]]; then
     log "jobs venv $venv is up to date"
+    return
+  fi
+  if [[ -n "$JOBS_VENV_SITE_PACKAGES" ]]; then
+    [[ -d "$JOBS_VENV_SITE_PACKAGES" ]] || die "JOBS_VENV_SITE_PACKAGES=$JOBS_VENV_SITE_PACKAGES is not a folder"
+    "$JOBS_PYTHON" -m venv --without-pip "$venv"
   else
     "$JOBS_PYTHON" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
-    echo "$stamp" >"$venv/.requirements.sha256"
-    log "jobs venv $venv built from $requirements"
   fi
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  if [[ -n "$JOBS_VENV_SITE_PACKAGES" ]]; then
+    printf '%s\n' "$JOBS_VENV_SITE_PACKAGES" >"$site/llm-jobs-packages.pth"
+    log "jobs venv $venv built with $JOBS_PYTHON; packages from $JOBS_VENV_SITE_PACKAGES (JOBS_VENV_SITE_PACKAGES: a stand-in for PyPI, not for a real cluster)"
+  else
+    rm -f "$site/llm-jobs-packages.pth"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    log "jobs venv $venv built with $JOBS_PYTHON from $requirements"
+  fi
+  echo "$stamp" >"$venv/.requirements.sha256"
+}
+
+write_cluster_env() {
+  local checkpoint_uri="$1" data_uri="$2"
   # Tools the jobs build once for every node (jobs/nccl_tests.sh builds nccl-tests here): this volume
   # is the one every node mounts besides FSx; /fsx itself is each node's own root volume. Owned by
   # the cluster user, who submits the jobs that build into it.
@@ -125,7 +204,20 @@ install_jobs() {
   # DATA_S3_URI: where tokenized datasets are synced (the data bucket).
   printf '# Written by directory_setup.sh; sourced by jobs/env.sh.\nexport CHECKPOINT_S3_URI=%q\nexport DATA_S3_URI=%q\n' \
     "$checkpoint_uri" "$data_uri" >"$JOBS_HOME/cluster.env"
-  log "jobs bundle in $bundle: cd $bundle && sbatch jobs/<script>.sh"
+}
+
+check_jobs_venv() {
+  # Every node: jobs run $JOBS_HOME/venv/bin/python, a link into the head node's build. Where it
+  # cannot start, failing here keeps the node out of service (ParallelCluster replaces a node whose
+  # bootstrap fails) instead of failing every job that lands on it.
+  local venv="$JOBS_HOME/venv" out target
+  [[ -e "$venv/bin/python" || -L "$venv/bin/python" ]] \
+    || die "no jobs venv at $venv: the head node builds it (see $LOG_FILE there); check that $JOBS_HOME is mounted from the head node"
+  target="$(readlink -f "$venv/bin/python" || echo "$venv/bin/python")"
+  if ! out="$("$venv/bin/python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>&1)"; then
+    die "the jobs venv's interpreter $target ($venv/bin/python) does not start on this node: $(tail -n1 <<<"$out"). Every node needs it: JOBS_PYTHON=$JOBS_PYTHON, installed by '$JOBS_PYTHON_INSTALL'; the head node's venv and the nodes' JOBS_PYTHON must be the same interpreter"
+  fi
+  log "jobs venv $venv starts on this node (Python $out, $target)"
 }
 
 install_health_hooks() {
@@ -165,8 +257,25 @@ install_accounts() {
   log "Slurm accounts and QOS set for: ${models[*]}"
 }
 
+make_tree() {
+  local data="$1" checkpoints="$2" logs="$3" model
+  shift 3
+  make_dir "$data/raw" wide
+  make_dir "$data/tokenized" wide
+  # Output of the validation jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out; Slurm does not
+  # create an --output folder and fails the job without a log when it is missing).
+  make_dir "$logs/validation" narrow
+  for model in "$@"; do
+    make_dir "$checkpoints/$model" wide
+    make_dir "$logs/$model" narrow
+    make_dir "$logs/$model/tensorboard" narrow
+  done
+  log "directory tree ready for $# model(s)"
+}
+
 main() {
-  local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" data_uri="" timeout=600
+  local started=$SECONDS
+  local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" data_uri="" timeout=600 gpus=""
   local models_uri="" models_sha256="" name
   local models=()
   while (($#)); do
@@ -175,6 +284,7 @@ main() {
       --checkpoints) checkpoints="${2:?}"; shift ;;
       --logs) logs="${2:?}"; shift ;;
       --local-cache) local_cache="${2:?}"; shift ;;
+      --gpus) gpus="${2:?}"; shift ;;
       --jobs-uri) jobs_uri="${2:?}"; shift ;;
       --checkpoint-uri) checkpoint_uri="${2:?}"; shift ;;
       --models-uri) models_uri="${2:?}"; shift ;;
@@ -187,8 +297,10 @@ main() {
     shift
   done
   [[ -n "$data" && -n "$checkpoints" && -n "$logs" ]] || usage
-  [[ "$timeout" =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds, got '$timeout'"
   mkdir -p "$LOG_DIR"
+  [[ "$timeout" =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds, got '$timeout'"
+  [[ -z "$gpus" || "$gpus" =~ ^[0-9]+$ ]] || die "--gpus must be a whole number (the queue's GPUs per instance), got '$gpus'"
+  read_cfnconfig
   if [[ -n "$models_uri" ]]; then
     local listed
     listed="$(fetch_models "$models_uri" "$models_sha256")" || exit 1
@@ -201,34 +313,23 @@ main() {
     [[ "$model" =~ ^[a-z][a-z0-9-]{0,30}$ ]] || die "model name '$model' is not lowercase letters, digits and '-' (it names directories)"
   done
 
-  local node_type="" cluster_user=""
-  if [[ -f "$CFNCONFIG" ]]; then
-    # shellcheck disable=SC1090  # ParallelCluster's generated key=value facts
-    source "$CFNCONFIG"
-    node_type="${cfn_node_type:-}"
-    cluster_user="${cfn_cluster_user:-}"
-  fi
-  OWNER="${cluster_user:-root}"
+  OWNER="$CLUSTER_USER"
   GROUP="$(id -gn "$OWNER")" || die "user '$OWNER' (cfn_cluster_user) does not exist on this node"
   HAVE_LFS=false
   command -v lfs >/dev/null && HAVE_LFS=true
-  log "start: node type ${node_type:-unknown}, owner $OWNER, models: ${models[*]:-none}"
+  log "start: node type $NODE_TYPE, owner $OWNER, models: ${models[*]:-none}"
 
-  wait_for_mounts "$timeout" "$data" "$checkpoints" "$logs"
+  if [[ -n "$gpus" ]]; then
+    write_node_health_env "$gpus"
+  elif [[ "$NODE_TYPE" == ComputeFleet ]]; then
+    log "WARNING: no --gpus: the node health check will expect as many GPUs as the PCI bus shows"
+  fi
+  timed "jobs interpreter" ensure_jobs_python
+  timed "FSx mounts" wait_for_mounts "$timeout" "$data" "$checkpoints" "$logs"
   lustre_runtime_tuning
   [[ "$HAVE_LFS" == true ]] || log "lfs not found: directories get the file system's default layout"
 
-  make_dir "$data/raw" wide
-  make_dir "$data/tokenized" wide
-  # Output of the validation jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out; Slurm does not
-  # create an --output folder and fails the job without a log when it is missing).
-  make_dir "$logs/validation" narrow
-  for model in "${models[@]}"; do
-    make_dir "$checkpoints/$model" wide
-    make_dir "$logs/$model" narrow
-    make_dir "$logs/$model/tensorboard" narrow
-  done
-  log "directory tree ready for ${#models[@]} model(s)"
+  timed "directory tree" make_tree "$data" "$checkpoints" "$logs" "${models[@]}"
 
   if [[ -n "$local_cache" ]]; then
     if findmnt -n --mountpoint "$local_cache" >/dev/null; then
@@ -239,12 +340,15 @@ main() {
     fi
   fi
 
-  if [[ "$node_type" == HeadNode ]]; then
-    install_jobs "$jobs_uri" "$checkpoint_uri" "$data_uri"
-    install_health_hooks "$jobs_uri"
-    [[ -z "$models_uri" ]] || install_accounts "$jobs_uri" "$listed" "$OWNER"
+  if [[ "$NODE_TYPE" == HeadNode ]]; then
+    timed "jobs bundle" sync_jobs_bundle "$jobs_uri"
+    timed "jobs venv" build_jobs_venv
+    write_cluster_env "$checkpoint_uri" "$data_uri"
+    timed "health hooks" install_health_hooks "$jobs_uri"
+    [[ -z "$models_uri" ]] || timed "Slurm accounts" install_accounts "$jobs_uri" "$listed" "$OWNER"
   fi
-  log "done"
+  timed "jobs venv check" check_jobs_venv
+  log "done in $((SECONDS - started))s"
 }
 
 main "$@"

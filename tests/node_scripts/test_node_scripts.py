@@ -28,11 +28,20 @@ needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs roo
 
 @pytest.fixture
 def node(tmp_path):
-    """Stand-in mount points, a cfnconfig, a log dir and a bin dir for the AWS/Lustre stand-ins."""
+    """Stand-in mount points, a cfnconfig, a log dir, a bin dir for the AWS/Lustre stand-ins, and the
+    head node's venv as a compute node finds it (its python: this interpreter, JOBS_PYTHON below)."""
     for name in ("data", "checkpoints", "logs", "jobs_home", "log", "bin"):
         (tmp_path / name).mkdir()
     (tmp_path / "cfnconfig").write_text("cfn_node_type=ComputeFleet\ncfn_cluster_user=nobody\n")
+    (tmp_path / "jobs_home" / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "jobs_home" / "venv" / "bin" / "python").symlink_to(sys.executable)
     return tmp_path
+
+
+def node_env(node: Path) -> dict[str, str]:
+    """The node's paths for directory_setup.sh (stand-ins for /etc/parallelcluster, /opt/llm-jobs, /etc/llm)."""
+    return {"FSX_FSTYPE": "tmpfs", "CFNCONFIG": str(node / "cfnconfig"), "JOBS_HOME": str(node / "jobs_home"),
+            "JOBS_PYTHON": sys.executable, "NODE_HEALTH_ENV": str(node / "node-health.env"), "LOG_DIR": str(node / "log")}
 
 
 def run_directory_setup(node: Path, *args: str, mount=("data", "checkpoints", "logs"), extra_env=None):
@@ -44,10 +53,7 @@ def run_directory_setup(node: Path, *args: str, mount=("data", "checkpoints", "l
     env = {
         **os.environ,
         "PATH": f"{node / 'bin'}:{os.environ['PATH']}",
-        "FSX_FSTYPE": "tmpfs",
-        "CFNCONFIG": str(node / "cfnconfig"),
-        "JOBS_HOME": str(node / "jobs_home"),
-        "LOG_DIR": str(node / "log"),
+        **node_env(node),
         **(extra_env or {}),
     }
     base = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs")]
@@ -90,7 +96,7 @@ def test_directory_setup_builds_the_per_model_tree_owned_by_the_cluster_user(nod
 def test_directory_setup_is_idempotent(node):
     # Both runs in one namespace, so the second finds what the first made.
     command = f"bash {SCRIPTS / 'directory_setup.sh'} \"$@\" && bash {SCRIPTS / 'directory_setup.sh'} \"$@\""
-    env = {**os.environ, "FSX_FSTYPE": "tmpfs", "CFNCONFIG": str(node / "cfnconfig"), "LOG_DIR": str(node / "log")}
+    env = {**os.environ, **node_env(node)}
     mounts = " && ".join(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))
     args = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs"), "model1"]
     proc = subprocess.run(
@@ -137,6 +143,7 @@ def test_directory_setup_rejects_a_model_name_that_is_not_a_directory_name(node)
 @needs_mount_namespace
 def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(node):
     (node / "cfnconfig").write_text("cfn_node_type=HeadNode\ncfn_cluster_user=nobody\n")
+    shutil.rmtree(node / "jobs_home" / "venv")  # the head node builds it
     bucket = node / "s3_assets"  # the assets bucket: jobs/ and node_scripts/ as the stack uploads them
     (bucket / "jobs").mkdir(parents=True)
     (bucket / "jobs" / "env.sh").write_text("# env\n")
@@ -147,7 +154,7 @@ def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(n
                    f'src="{bucket}/${{args[2]#s3://assets/}}" dst="${{args[3]}}"\n'
                    f'if [[ ${{args[1]}} == sync ]]; then mkdir -p "$dst"; cp -r "$src"/. "$dst"/; else cp "$src" "$dst"; fi\n')
     aws.chmod(0o755)
-    extra = {"JOBS_PYTHON": sys.executable, "SLURM_ETC": str(node / "slurm_etc")}
+    extra = {"SLURM_ETC": str(node / "slurm_etc")}
     first = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "--checkpoint-uri", "s3://backup-bucket",
                                 "--data-uri", "s3://data-bucket", "model1", extra_env=extra)
     assert first.returncode == 0, first.stderr
