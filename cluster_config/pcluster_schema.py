@@ -5,9 +5,9 @@ ParallelCluster's package pins CDK v1 and jsii 1.85, so it lives in its own fold
 with ``-I -S``: no site-packages, so nothing of the CDK venv mixes in. This module is both the
 parent side (``check_configs``) and the child's entry point (``python pcluster_schema.py``).
 
-The schema load makes one AWS call: EC2 DescribeCapacityReservations for a CapacityReservationTarget.
+The schema load makes one AWS call: EC2 DescribeCapacityReservations for the CapacityReservationTargets.
 The child answers it locally with botocore's Stubber (the AWS boundary, nothing else is replaced),
-describing the reservation the config names, so the check never needs credentials or a network.
+describing the reservations the config names, so the check never needs credentials or a network.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _child() -> None:
 
 
 def _load_one(cluster_name: str, text: str) -> dict:
-    from botocore.stub import Stubber
+    from botocore.stub import ANY, Stubber
     from marshmallow import ValidationError
     from pcluster.aws.aws_api import AWSApi
     from pcluster.schemas.cluster_schema import ClusterSchema
@@ -85,11 +85,12 @@ def _load_one(cluster_name: str, text: str) -> dict:
     stubber = Stubber(ec2)
     reservations = _reservations(config)
     if reservations:
-        stubber.add_response(
-            "describe_capacity_reservations",
-            {"CapacityReservations": reservations},
-            {"CapacityReservationIds": [r["CapacityReservationId"] for r in reservations]},
-        )
+        # ParallelCluster asks for the ids of a set, in no fixed order; what it asked is checked below.
+        stubber.add_response("describe_capacity_reservations", {"CapacityReservations": reservations},
+                             {"CapacityReservationIds": ANY})
+        asked: list = []
+        ec2.meta.events.register("provide-client-params.ec2.DescribeCapacityReservations",
+                                 lambda params, **_: asked.extend(params.get("CapacityReservationIds", [])))
     ec2.meta.events.register("provide-client-params.ec2.*", lambda event_name, **_: calls.append(event_name.rsplit(".", 1)[-1]))
     try:
         with stubber:
@@ -97,6 +98,9 @@ def _load_one(cluster_name: str, text: str) -> dict:
         errors: dict = {}
     except ValidationError as exc:
         errors = exc.messages if isinstance(exc.messages, dict) else {"_schema": exc.messages}
+    if reservations and sorted(asked) != sorted({r["CapacityReservationId"] for r in reservations}):
+        errors = {**errors, "_stub": [f"DescribeCapacityReservations asked for {sorted(asked)}, the config names "
+                                      f"{sorted(r['CapacityReservationId'] for r in reservations)}"]}
     return {"errors": errors, "ec2_calls": calls}
 
 

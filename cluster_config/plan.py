@@ -1,6 +1,6 @@
 """The multi-model plan: who gets which nodes, how long and how much to finish, whether it fits.
 
-Settings already refuse a plan larger than the GPU queue or its capacity reservation; this module
+Settings already refuse a plan larger than the GPU queue or its capacity reservations; this module
 reports on a valid one (``python -m cluster_config plan --env prod``, and at every synth). Per model
 it reads the training config the job runs (derived from the model's entry: cluster_config/model_jobs.py)
 and works out:
@@ -88,7 +88,7 @@ class Plan:
     instance_type: str
     rows: tuple[ModelRow, ...]
     max_count: int
-    reserved: int | None
+    reserved: int | None  # instances the capacity reservations hold together; None without any
     data_throughput_mb_s: float
     data_demand_mb_s: float
     throughput_mb_s: dict[str, float]
@@ -99,6 +99,8 @@ class Plan:
     checkpoint_capacity_bytes: float = 0.0
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    reservation_counts: tuple[int, ...] = ()  # instance_count of each capacity reservation, in order
+    capacity_blocks: bool = False  # the reservations are Capacity Blocks for ML (else ODCRs)
 
     @property
     def nodes(self) -> int:
@@ -164,7 +166,9 @@ def build_plan(settings: Settings) -> Plan:
         instance_type=queue.instance_type,
         rows=tuple(rows),
         max_count=queue.max_count,
-        reserved=queue.capacity_reservation.instance_count if queue.capacity_reservation else None,
+        reserved=queue.reserved_count if queue.capacity_reservations else None,
+        reservation_counts=tuple(r.instance_count for r in queue.capacity_reservations),
+        capacity_blocks=queue.capacity_type == "CAPACITY_BLOCK",
         data_throughput_mb_s=file_systems["data"].throughput_mb_s,
         data_demand_mb_s=sum(row.gpus for row in rows) * settings.storage.data_read_mb_s_per_gpu,
         throughput_mb_s={key: fs.throughput_mb_s for key, fs in file_systems.items()},
@@ -267,7 +271,12 @@ def _si(value: float) -> str:
 
 
 def format_plan(plan: Plan) -> str:
-    reserved = f", reservation {plan.reserved}" if plan.reserved is not None else ", no reservation"
+    reserved = ", no reservation"
+    if plan.reserved is not None:
+        count = len(plan.reservation_counts)
+        kind = ("Capacity Block" if plan.capacity_blocks else "ODCR") + ("s" if count > 1 else "")
+        split = f" ({' + '.join(map(str, plan.reservation_counts))})" if count > 1 else ""
+        reserved = f", reserved {plan.reserved} in {count} {kind}{split}"
     gpu = f" ({plan.gpu.name}, {plan.gpu.memory_gib:.0f} GiB)" if plan.gpu else ""
     deadline = f", deadline {plan.deadline_days:g} days" if plan.deadline_days else ""
     lines = [

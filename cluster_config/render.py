@@ -149,6 +149,13 @@ def render_cluster_config(settings: Settings, resources: ClusterResources) -> di
             "Dashboards": {"CloudWatch": {"Enabled": True}},
             "Alarms": {"Enabled": True},
         },
+        "DevSettings": {
+            "Timeouts": {
+                # The head node's custom actions build the jobs' venv (settings.py says why it is longer).
+                "HeadNodeBootstrapTimeout": settings.head_node.bootstrap_timeout_s,
+                "ComputeNodeBootstrapTimeout": settings.compute_bootstrap_timeout_s,
+            },
+        },
         "Tags": [{"Key": key, "Value": value} for key, value in sorted(settings.tags.items())],
     }
 
@@ -249,21 +256,11 @@ def _scheduling(settings: Settings, resources: ClusterResources) -> dict[str, An
 
 def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
     queue = settings.gpu_queue
-    compute_resource: dict[str, Any] = {
-        "Name": _resource_name(queue.instance_type),
-        "InstanceType": queue.instance_type,
-        "MinCount": queue.min_count,
-        "MaxCount": queue.max_count,
-        "DisableSimultaneousMultithreading": True,
-        "Efa": {"Enabled": queue.efa.enabled, "GdrSupport": queue.efa.gdr_support},
-    }
-    if queue.capacity_reservation:
-        compute_resource["CapacityReservationTarget"] = {"CapacityReservationId": queue.capacity_reservation.id}
     return {
         "Name": queue.name,
-        "CapacityType": queue.capacity_type,  # CAPACITY_BLOCK for a Capacity Block for ML
+        "CapacityType": queue.capacity_type,  # CAPACITY_BLOCK for Capacity Blocks for ML
         "JobExclusiveAllocation": True,  # training jobs own whole nodes (GPUs, EFA, NVMe cache)
-        "ComputeResources": [compute_resource],
+        "ComputeResources": _gpu_compute_resources(settings),
         "ComputeSettings": {
             "LocalStorage": {
                 "RootVolume": {
@@ -293,9 +290,38 @@ def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         },
         "CustomActions": {
             "OnNodeStart": _node_setup_action(settings, resources),
-            "OnNodeConfigured": _directory_setup_action(settings, resources, local_cache=True),
+            "OnNodeConfigured": _directory_setup_action(settings, resources, local_cache=True,
+                                                        gpus=queue.gpus_per_instance),
         },
     }
+
+
+def _gpu_compute_resources(settings: Settings) -> list[dict[str, Any]]:
+    """One compute resource per capacity reservation (a Capacity Block holds at most 64 instances,
+    so a larger reserved queue is several), or one without a reservation."""
+    queue = settings.gpu_queue
+
+    def resource(name: str, min_count: int, max_count: int) -> dict[str, Any]:
+        return {
+            "Name": name,
+            "InstanceType": queue.instance_type,
+            "MinCount": min_count,
+            "MaxCount": max_count,
+            "DisableSimultaneousMultithreading": True,
+            "Efa": {"Enabled": queue.efa.enabled, "GdrSupport": queue.efa.gdr_support},
+        }
+
+    if not queue.capacity_reservations:
+        return [resource(_resource_name(queue.instance_type), queue.min_count, queue.max_count)]
+    resources = []
+    for index, (reservation, (min_count, max_count)) in enumerate(zip(queue.capacity_reservations, queue.node_counts())):
+        # Named by position, the first as without a reservation: adding a reservation adds a compute
+        # resource and a new id for the same slot retargets it, both of which a running cluster accepts;
+        # a renamed compute resource is a removal, which needs the compute fleet stopped.
+        name = _resource_name(queue.instance_type) + (f"-r{index + 1}" if index else "")
+        resources.append({**resource(name, min_count, max_count),
+                          "CapacityReservationTarget": {"CapacityReservationId": reservation.id}})
+    return resources
 
 
 def _cpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any]:
@@ -328,7 +354,7 @@ def _cpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         },
         "CustomActions": {
             "OnNodeStart": _node_setup_action(settings, resources),
-            "OnNodeConfigured": _directory_setup_action(settings, resources),
+            "OnNodeConfigured": _directory_setup_action(settings, resources, gpus=0),
         },
     }
 
@@ -371,8 +397,11 @@ def _node_setup_action(settings: Settings, resources: ClusterResources) -> dict[
 
 
 def _directory_setup_action(
-    settings: Settings, resources: ClusterResources, *, local_cache: bool = False, models_digest: bool = False
+    settings: Settings, resources: ClusterResources, *, local_cache: bool = False, models_digest: bool = False,
+    gpus: Optional[int] = None,
 ) -> dict[str, Any]:
+    """``gpus``: the GPUs a compute node of the queue has, for the node health check; the head node
+    passes none (its OnNodeConfigured arguments cannot change on a running cluster)."""
     file_systems = settings.storage.file_systems()
     args = [
         "--data", file_systems["data"].mount_dir,
@@ -386,6 +415,8 @@ def _directory_setup_action(
     ]
     if local_cache:
         args += ["--local-cache", LOCAL_CACHE_DIR]
+    if gpus is not None:
+        args += ["--gpus", str(gpus)]
     args += ["--models-uri", f"s3://{resources.assets_bucket}/{models_key(settings)}"]
     if models_digest:
         args += ["--models-sha256", hashlib.sha256(models_file(settings).encode()).hexdigest()]

@@ -60,17 +60,43 @@ class NetworkSettings(_Strict):
         return values
 
 
+# ParallelCluster 3.16.1's default for both bootstrap timeouts (pcluster/constants.py
+# NODE_BOOTSTRAP_TIMEOUT); a shorter one only makes slow bootstraps fail sooner.
+PCLUSTER_BOOTSTRAP_TIMEOUT_S = 2100
+# The most instances one Capacity Block for ML holds (EC2 User Guide, "Capacity Blocks for ML").
+CAPACITY_BLOCK_MAX_INSTANCES = 64
+
+
+def _bootstrap_timeout(field: str, value: int) -> int:
+    if value < PCLUSTER_BOOTSTRAP_TIMEOUT_S:
+        raise ValueError(
+            f"{value} s is below ParallelCluster's default bootstrap timeout of {PCLUSTER_BOOTSTRAP_TIMEOUT_S} s, "
+            f"and a bootstrap that runs out of it fails the node; set {field}: {PCLUSTER_BOOTSTRAP_TIMEOUT_S} or more"
+        )
+    return value
+
+
 class HeadNodeSettings(_Strict):
     instance_type: str
     root_volume_gib: int = Field(200, ge=40)
+    # DevSettings.Timeouts.HeadNodeBootstrapTimeout: the head node's OnNodeConfigured builds the jobs'
+    # PyTorch venv from PyPI, and the CUDA torch wheel with its nvidia-* libraries is ~3-4 GB (~6 min
+    # at 10 MB/s) plus the install; ParallelCluster's default (2,100 s in 3.16.1) leaves little margin
+    # for a slow mirror, and running out of it rolls back the whole cluster creation.
+    bootstrap_timeout_s: int = 3600
+
+    @field_validator("bootstrap_timeout_s")
+    @classmethod
+    def _timeout(cls, value: int) -> int:
+        return _bootstrap_timeout("head_node.bootstrap_timeout_s", value)
 
 
 class CapacityReservationSettings(_Strict):
     id: str
     instance_count: int = Field(gt=0)
     # odcr: an On-Demand Capacity Reservation (nodes start and stop at will, CapacityType ONDEMAND).
-    # capacity_block: a Capacity Block for ML (fixed dates; CapacityType CAPACITY_BLOCK, and
-    # ParallelCluster needs every node static: min_count == max_count). Both ids start with cr-.
+    # capacity_block: a Capacity Block for ML (fixed dates, at most 64 instances; CapacityType
+    # CAPACITY_BLOCK, and ParallelCluster needs every node static). Both ids start with cr-.
     kind: Literal["odcr", "capacity_block"] = "odcr"
 
     @field_validator("id")
@@ -78,10 +104,20 @@ class CapacityReservationSettings(_Strict):
     def _id(cls, value: str) -> str:
         if not re.fullmatch(r"cr-[0-9a-f]{17}", value):
             raise ValueError(
-                f"{value!r} is not an On-Demand Capacity Reservation id; expected 'cr-' followed by 17 "
+                f"{value!r} is not a capacity reservation id; expected 'cr-' followed by 17 "
                 "lowercase hex digits, e.g. cr-0123456789abcdef0 (EC2 console > Capacity Reservations)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _block_size(self) -> "CapacityReservationSettings":
+        if self.kind == "capacity_block" and self.instance_count > CAPACITY_BLOCK_MAX_INSTANCES:
+            raise ValueError(
+                f"instance_count {self.instance_count} is above {CAPACITY_BLOCK_MAX_INSTANCES}, the most instances "
+                "one Capacity Block holds (EC2 User Guide, Capacity Blocks for ML); list each block you bought "
+                "as its own capacity_reservations entry (e.g. 80 nodes as two blocks of 40)"
+            )
+        return self
 
 
 class EfaSettings(_Strict):
@@ -101,39 +137,100 @@ class GpuQueueSettings(_Strict):
     gpus_per_instance: int = Field(gt=0)
     min_count: int = Field(0, ge=0)
     max_count: int = Field(gt=0)
-    capacity_reservation: Optional[CapacityReservationSettings] = None
+    # One compute resource each (render.py). Several: a Capacity Block holds at most 64 instances,
+    # so a larger reserved queue is several blocks. All of one kind: CapacityType is per queue.
+    capacity_reservations: list[CapacityReservationSettings] = Field(default_factory=list)
     placement_group: bool = True
     efa: EfaSettings = EfaSettings()
     root_volume: RootVolumeSettings = RootVolumeSettings()
     price_per_instance_hour_usd: float = Field(gt=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "capacity_reservation" in data:
+            raise ValueError(
+                "capacity_reservation is now capacity_reservations, a list (one entry per reservation or "
+                "Capacity Block); write capacity_reservations: [{id: cr-..., instance_count: N, kind: odcr}]"
+            )
+        return data
+
     @model_validator(mode="after")
     def _counts(self) -> "GpuQueueSettings":
         _check_counts(self.min_count, self.max_count)
-        reservation = self.capacity_reservation
-        if reservation and self.max_count > reservation.instance_count:
+        reservations = self.capacity_reservations
+        if not reservations:
+            return self
+        ids = [r.id for r in reservations]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
             raise ValueError(
-                f"max_count {self.max_count} is above the capacity reservation's instance_count "
-                f"{reservation.instance_count}; lower max_count to {reservation.instance_count} or enlarge the reservation"
+                f"capacity_reservations lists {', '.join(twice)} more than once; list each reservation once "
+                "(every Capacity Block you buy has its own id)"
             )
-        if reservation and reservation.kind == "capacity_block" and self.min_count != self.max_count:
+        kinds = {r.kind for r in reservations}
+        if len(kinds) > 1:
+            by_kind = "; ".join(f"{k}: {', '.join(r.id for r in reservations if r.kind == k)}" for k in sorted(kinds))
             raise ValueError(
-                f"min_count {self.min_count} differs from max_count {self.max_count}, but capacity_reservation.kind is "
-                f"capacity_block: ParallelCluster launches a Capacity Block's nodes only as static nodes; "
-                f"set min_count: {self.max_count} (or use kind: odcr for an On-Demand Capacity Reservation)"
+                f"capacity_reservations mixes kinds ({by_kind}), but ParallelCluster's CapacityType is per queue "
+                "(ONDEMAND for an ODCR, CAPACITY_BLOCK for a Capacity Block); keep one kind in gpu_queue"
             )
-        if reservation and reservation.kind == "capacity_block" and self.placement_group:
+        total = self.reserved_count
+        split = f" ({' + '.join(str(r.instance_count) for r in reservations)})" if len(reservations) > 1 else ""
+        if self.capacity_type == "CAPACITY_BLOCK":
+            if self.max_count != total:
+                raise ValueError(
+                    f"max_count {self.max_count} differs from the Capacity Blocks' total instance_count {total}"
+                    f"{split}: ParallelCluster runs each block's instances as static nodes, all of them; "
+                    f"set max_count: {total} (and min_count: {total}), or list the blocks you hold"
+                )
+            if self.min_count != self.max_count:
+                raise ValueError(
+                    f"min_count {self.min_count} differs from max_count {self.max_count}, but capacity_reservations "
+                    f"are of kind capacity_block: ParallelCluster launches a Capacity Block's nodes only as static "
+                    f"nodes; set min_count: {self.max_count} (or use kind: odcr for On-Demand Capacity Reservations)"
+                )
+            if self.placement_group:
+                raise ValueError(
+                    "placement_group is true, but a Capacity Block places its instances itself and a placement group "
+                    "on top causes insufficient-capacity errors (ParallelCluster warns); set placement_group: false"
+                )
+            return self
+        if self.max_count > total:
             raise ValueError(
-                "placement_group is true, but a Capacity Block places its instances itself and a placement group "
-                "on top causes insufficient-capacity errors (ParallelCluster warns); set placement_group: false"
+                f"max_count {self.max_count} is above the capacity reservations' total instance_count {total}{split}; "
+                f"lower max_count to {total} or enlarge the reservations"
+            )
+        last = reservations[-1]
+        if self.max_count <= total - last.instance_count:
+            raise ValueError(
+                f"max_count {self.max_count} leaves the last of capacity_reservations ({last.id}) no node: nodes "
+                f"fill the reservations in order{split}; raise max_count above {total - last.instance_count} "
+                f"or remove {last.id}"
             )
         return self
 
     @property
     def capacity_type(self) -> str:
-        """ParallelCluster's queue CapacityType for this reservation."""
-        reservation = self.capacity_reservation
-        return "CAPACITY_BLOCK" if reservation and reservation.kind == "capacity_block" else "ONDEMAND"
+        """ParallelCluster's queue CapacityType for the reservations (one kind per queue)."""
+        reservations = self.capacity_reservations
+        return "CAPACITY_BLOCK" if reservations and reservations[0].kind == "capacity_block" else "ONDEMAND"
+
+    @property
+    def reserved_count(self) -> int:
+        """Instances the capacity reservations hold together (0 without any)."""
+        return sum(r.instance_count for r in self.capacity_reservations)
+
+    def node_counts(self) -> list[tuple[int, int]]:
+        """(MinCount, MaxCount) per capacity reservation, in order: min_count and max_count fill the
+        reservations in the order listed (a Capacity Block: all of its instances, static)."""
+        counts, min_left, max_left = [], self.min_count, self.max_count
+        for reservation in self.capacity_reservations:
+            high = min(reservation.instance_count, max_left)
+            low = min(high, min_left)
+            counts.append((low, high))
+            min_left, max_left = min_left - low, max_left - high
+        return counts
 
 
 class CpuQueueSettings(_Strict):
@@ -279,6 +376,11 @@ class Settings(_Strict):
     storage: StorageSettings
     models: list[ModelPlan] = Field(default_factory=list)
     plan: PlanSettings = PlanSettings()
+    # DevSettings.Timeouts.ComputeNodeBootstrapTimeout. ParallelCluster's default holds what the compute
+    # nodes' custom actions add at boot (python3.11 from dnf: about a minute). It is also Slurm's
+    # ResumeTimeout, how long a node may take to come up before it counts as failed, so a larger
+    # value only delays replacing a stuck node: keep the default unless boots are known to be slower.
+    compute_bootstrap_timeout_s: int = PCLUSTER_BOOTSTRAP_TIMEOUT_S
     containers: bool = False  # install Pyxis/Enroot on the nodes
     create_cluster: bool = False  # let `cdk deploy` create the cluster through ParallelCluster's custom resource
     tags: dict[str, str] = Field(default_factory=dict)
@@ -289,6 +391,11 @@ class Settings(_Strict):
         if not re.fullmatch(r"\d{12}", value):
             raise ValueError(f"{value!r} is not an AWS account id; write the 12 digits in quotes, e.g. \"123456789012\"")
         return value
+
+    @field_validator("compute_bootstrap_timeout_s")
+    @classmethod
+    def _compute_timeout(cls, value: int) -> int:
+        return _bootstrap_timeout("compute_bootstrap_timeout_s", value)
 
     @field_validator("region")
     @classmethod

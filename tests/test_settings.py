@@ -93,42 +93,120 @@ def test_region_without_offerings_data_says_how_to_refresh(tmp_path):
     assert "scripts/refresh_instance_offerings.py" in message
 
 
+CR_A, CR_B, CR_C = "cr-0a1b2c3d4e5f60718", "cr-0a1b2c3d4e5f60729", "cr-0123456789abcdef0"
+
+
+def reservations(*entries) -> list[dict]:
+    """capacity_reservations entries from (id, instance_count, kind) triples."""
+    return [{"id": id_, "instance_count": count, "kind": kind} for id_, count, kind in entries]
+
+
+def odcr_rejection(tmp_path, *entries, **changes) -> str:
+    """The rejection of prod's settings on On-Demand Capacity Reservations (dynamic nodes) with ``changes``."""
+    return rejection(tmp_path, gpu_queue__capacity_reservations=reservations(*entries), gpu_queue__min_count=0, **changes)
+
+
+def test_prod_holds_two_capacity_blocks_of_at_most_64():
+    queue = load_settings("prod").gpu_queue
+    assert [(r.kind, r.instance_count) for r in queue.capacity_reservations] == [("capacity_block", 40)] * 2
+    assert queue.capacity_type == "CAPACITY_BLOCK"
+    assert queue.min_count == queue.max_count == queue.reserved_count == 80
+    assert queue.node_counts() == [(40, 40), (40, 40)]
+
+
+def test_capacity_block_above_64_instances_is_refused_citing_the_ec2_limit(tmp_path):
+    # prod's 80 nodes as one block: what the single capacity_reservation used to allow.
+    message = rejection(tmp_path, gpu_queue__capacity_reservations=reservations((CR_A, 80, "capacity_block")))
+    assert ("gpu_queue.capacity_reservations.0: instance_count 80 is above 64, the most instances one Capacity Block "
+            "holds (EC2 User Guide, Capacity Blocks for ML)") in message
+    assert "list each block you bought as its own capacity_reservations entry (e.g. 80 nodes as two blocks of 40)" in message
+
+
+def test_an_odcr_has_no_64_instance_limit(tmp_path):
+    write_env(tmp_path, gpu_queue__capacity_reservations=reservations((CR_A, 80, "odcr")), gpu_queue__min_count=0)
+    queue = load_settings("prod", config_dir=tmp_path).gpu_queue
+    assert queue.capacity_type == "ONDEMAND" and queue.node_counts() == [(0, 80)]
+
+
+def test_the_old_single_capacity_reservation_key_names_the_new_list(tmp_path):
+    message = rejection(tmp_path, gpu_queue__capacity_reservation={"id": CR_A, "instance_count": 80})
+    assert "gpu_queue: capacity_reservation is now capacity_reservations, a list" in message
+    assert "capacity_reservations: [{id: cr-..., instance_count: N, kind: odcr}]" in message
+
+
+def test_reservation_ids_must_be_unique(tmp_path):
+    message = rejection(tmp_path, gpu_queue__capacity_reservations__1__id=CR_A)
+    assert f"gpu_queue: capacity_reservations lists {CR_A} more than once; list each reservation once" in message
+
+
+def test_mixed_reservation_kinds_are_refused(tmp_path):
+    message = rejection(tmp_path, gpu_queue__capacity_reservations__1__kind="odcr")
+    assert (f"gpu_queue: capacity_reservations mixes kinds (capacity_block: {CR_A}; odcr: {CR_B}), but ParallelCluster's "
+            "CapacityType is per queue") in message
+    assert "keep one kind in gpu_queue" in message
+
+
+def test_capacity_blocks_need_max_count_equal_to_their_total(tmp_path):
+    message = rejection(tmp_path, gpu_queue__max_count=72, gpu_queue__min_count=72)
+    assert ("gpu_queue: max_count 72 differs from the Capacity Blocks' total instance_count 80 (40 + 40): ParallelCluster "
+            "runs each block's instances as static nodes, all of them; set max_count: 80") in message
+
+
 def test_capacity_block_needs_static_nodes(tmp_path):
     # A Capacity Block with min_count 0 would render an ONDEMAND-style dynamic queue that never launches.
-    message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="capacity_block")
-    assert "gpu_queue: min_count 0 differs from max_count 80, but capacity_reservation.kind is capacity_block" in message
+    message = rejection(tmp_path, gpu_queue__min_count=0)
+    assert "gpu_queue: min_count 0 differs from max_count 80, but capacity_reservations are of kind capacity_block" in message
     assert "set min_count: 80" in message
 
 
-def test_capacity_block_with_static_nodes_loads(tmp_path):
-    write_env(tmp_path, gpu_queue__capacity_reservation__kind="capacity_block", gpu_queue__min_count=80)
-    queue = load_settings("prod", config_dir=tmp_path).gpu_queue
-    assert queue.capacity_type == "CAPACITY_BLOCK"
-
-
 def test_capacity_block_refuses_a_placement_group(tmp_path):
-    message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="capacity_block", gpu_queue__min_count=80,
-                        gpu_queue__placement_group=True)
+    message = rejection(tmp_path, gpu_queue__placement_group=True)
     assert "gpu_queue: placement_group is true, but a Capacity Block places its instances itself" in message
     assert "set placement_group: false" in message
 
 
 def test_reservation_kind_must_be_known(tmp_path):
-    message = rejection(tmp_path, gpu_queue__capacity_reservation__kind="spot")
-    assert "gpu_queue.capacity_reservation.kind: Input should be 'odcr' or 'capacity_block'" in message
+    message = rejection(tmp_path, gpu_queue__capacity_reservations__0__kind="spot")
+    assert "gpu_queue.capacity_reservations.0.kind: Input should be 'odcr' or 'capacity_block'" in message
 
 
-def test_max_count_above_the_reservation_is_rejected(tmp_path):
-    message = rejection(tmp_path, gpu_queue__max_count=96)
-    assert "gpu_queue: max_count 96 is above the capacity reservation's instance_count 80" in message
-    assert "lower max_count to 80 or enlarge the reservation" in message
+def test_max_count_above_the_reservations_is_rejected(tmp_path):
+    message = odcr_rejection(tmp_path, (CR_A, 40, "odcr"), (CR_B, 40, "odcr"), gpu_queue__max_count=96)
+    assert "gpu_queue: max_count 96 is above the capacity reservations' total instance_count 80 (40 + 40)" in message
+    assert "lower max_count to 80 or enlarge the reservations" in message
+
+
+def test_max_count_that_leaves_a_reservation_unused_is_rejected(tmp_path):
+    message = odcr_rejection(tmp_path, (CR_A, 70, "odcr"), (CR_B, 10, "odcr"), gpu_queue__max_count=70)
+    assert f"gpu_queue: max_count 70 leaves the last of capacity_reservations ({CR_B}) no node" in message
+    assert f"raise max_count above 70 or remove {CR_B}" in message
+
+
+def test_odcr_nodes_fill_the_reservations_in_order(tmp_path):
+    write_env(tmp_path, gpu_queue__capacity_reservations=reservations((CR_A, 50, "odcr"), (CR_B, 20, "odcr"), (CR_C, 20, "odcr")),
+              gpu_queue__min_count=55, gpu_queue__max_count=80)
+    assert load_settings("prod", config_dir=tmp_path).gpu_queue.node_counts() == [(50, 50), (5, 20), (0, 10)]
 
 
 @pytest.mark.parametrize("bad_id", ["cr-123", "0a1b2c3d4e5f60718", "cr-0A1B2C3D4E5F60718"])
 def test_malformed_capacity_reservation_id_is_rejected(tmp_path, bad_id):
-    message = rejection(tmp_path, gpu_queue__capacity_reservation__id=bad_id)
-    assert f"gpu_queue.capacity_reservation.id: {bad_id!r} is not an On-Demand Capacity Reservation id" in message
+    message = rejection(tmp_path, gpu_queue__capacity_reservations__1__id=bad_id)
+    assert f"gpu_queue.capacity_reservations.1.id: {bad_id!r} is not a capacity reservation id" in message
     assert "e.g. cr-0123456789abcdef0" in message
+
+
+@pytest.mark.parametrize(("key", "field"), [("head_node__bootstrap_timeout_s", "head_node.bootstrap_timeout_s"),
+                                            ("compute_bootstrap_timeout_s", "compute_bootstrap_timeout_s")])
+def test_bootstrap_timeouts_below_parallelclusters_default_are_refused(tmp_path, key, field):
+    message = rejection(tmp_path, **{key: 1800})
+    assert (f"{field}: 1800 s is below ParallelCluster's default bootstrap timeout of 2100 s, and a bootstrap that "
+            f"runs out of it fails the node; set {field}: 2100 or more") in message
+
+
+def test_bootstrap_timeouts_default_to_an_hour_for_the_head_node_and_parallelclusters_for_compute():
+    for env in available_environments():
+        settings = load_settings(env)
+        assert (settings.head_node.bootstrap_timeout_s, settings.compute_bootstrap_timeout_s) == (3600, 2100)
 
 
 def test_ssh_from_the_whole_internet_is_rejected(tmp_path):
@@ -179,7 +257,8 @@ def test_min_count_above_max_count_is_rejected(tmp_path):
 
 
 def test_plan_needing_more_nodes_than_the_queue_is_rejected(tmp_path):
-    message = rejection(tmp_path, gpu_queue__max_count=70, gpu_queue__capacity_reservation__instance_count=70)
+    message = rejection(tmp_path, gpu_queue__max_count=70, gpu_queue__min_count=70,
+                        gpu_queue__capacity_reservations__1__instance_count=30)
     assert "models: the plan needs 80 nodes but gpu_queue.max_count is 70" in message
 
 

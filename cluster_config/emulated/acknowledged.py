@@ -13,9 +13,6 @@ ACKNOWLEDGED_WARNINGS: dict[tuple[str, str], str] = {
     ("DetailedMonitoringValidator", "Detailed Monitoring is enabled"):
         "1-minute EC2 metrics are wanted to see a stalled or throttled GPU node within minutes; they cost "
         "a few dollars a month per node against $34.60 an hour for a p5e.48xlarge.",
-    ("EfaPlacementGroupValidator", "Placement group is disabled for queue"):
-        "prod only: a cluster placement group on top of a capacity reservation that was not created in it "
-        "commonly fails with insufficient capacity, so gpu_queue.placement_group is false there (see prod.yaml).",
 }
 
 

@@ -60,6 +60,9 @@ class Report:
         return [w for w in self.warnings if not reason_for(w)]
 
 
+NEW_RESERVATION_ID = "cr-0f1e2d3c4b5a69788"  # a reservation bought after the cluster was created
+
+
 # Settings changes a user makes while the cluster runs: name -> edit of the settings' plain dict.
 def update_scenarios(settings: Settings) -> dict[str, Callable[[dict], None]]:
     models = [model.name for model in settings.models]
@@ -79,8 +82,26 @@ def update_scenarios(settings: Settings) -> dict[str, Callable[[dict], None]]:
 
     def lower_gpu_max_count(raw: dict) -> None:  # with the first model one node smaller, so the plan fits
         resize_model(raw)
-        raw["gpu_queue"]["max_count"] -= 1
-        raw["gpu_queue"]["min_count"] = min(raw["gpu_queue"].get("min_count", 0), raw["gpu_queue"]["max_count"])
+        queue = raw["gpu_queue"]
+        queue["max_count"] -= 1
+        blocks = [r for r in queue.get("capacity_reservations") or [] if r.get("kind") == "capacity_block"]
+        if blocks:  # every node of a block runs: one node fewer is a block one instance smaller
+            blocks[-1]["instance_count"] -= 1
+        queue["min_count"] = min(queue.get("min_count", 0), queue["max_count"])
+
+    def add_reservation(raw: dict) -> None:  # one more reservation of the same kind: 8 more nodes
+        queue = raw["gpu_queue"]
+        queue["capacity_reservations"].append({**queue["capacity_reservations"][-1], "id": NEW_RESERVATION_ID,
+                                               "instance_count": 8})
+        queue["max_count"] += 8
+        if queue["capacity_reservations"][-1].get("kind") == "capacity_block":
+            queue["min_count"] += 8
+
+    def raise_head_node_bootstrap_timeout(raw: dict) -> None:
+        raw["head_node"]["bootstrap_timeout_s"] += 1800
+
+    def replace_reservation(raw: dict) -> None:  # the last reservation's slot, held by a new one (a new block)
+        raw["gpu_queue"]["capacity_reservations"][-1]["id"] = NEW_RESERVATION_ID
 
     def raise_cpu_max_count(raw: dict) -> None:
         raw["cpu_queue"]["max_count"] *= 2
@@ -92,9 +113,13 @@ def update_scenarios(settings: Settings) -> dict[str, Callable[[dict], None]]:
         raw["cpu_queue"]["instance_type"] = f"{family}.{other}"
 
     scenarios = {"add a model": add_model, "resize a model": resize_model, "lower gpu_queue.max_count": lower_gpu_max_count,
-                 "raise cpu_queue.max_count": raise_cpu_max_count, "change cpu_queue.instance_type": cpu_instance_type}
+                 "raise cpu_queue.max_count": raise_cpu_max_count, "change cpu_queue.instance_type": cpu_instance_type,
+                 "raise head_node.bootstrap_timeout_s": raise_head_node_bootstrap_timeout}
     if models:
         scenarios["remove a model"] = remove_model
+    if settings.gpu_queue.capacity_reservations:
+        scenarios["add a capacity reservation"] = add_reservation
+        scenarios["replace a capacity reservation"] = replace_reservation
     return scenarios
 
 
@@ -122,14 +147,16 @@ def check_environment(
             if edit_config:
                 edit_config(deployed.config)
             patches = {name: [to_yaml(base), to_yaml(target)] for name, (base, target) in (extra_updates(deployed) if extra_updates else {}).items()}
+            reservations = {r["CapacityReservationId"]: r for r in reservation_description(settings.model_dump())}
             if with_updates:
                 for name, edit in update_scenarios(settings).items():
                     changed = _changed_settings(settings, edit)
                     patches[name] = [to_yaml(deployed.config), to_yaml(render_cluster_config(changed, deployed.resources))]
-            raw_settings = settings.model_dump()
+                    for reservation in reservation_description(changed.model_dump()):  # one bought since
+                        reservations.setdefault(reservation["CapacityReservationId"], reservation)
             answer = _run_child({
                 "endpoint": endpoint, "region": settings.region, "cluster_name": settings.cluster_name,
-                "config": to_yaml(deployed.config), "reservations": reservation_description(raw_settings),
+                "config": to_yaml(deployed.config), "reservations": list(reservations.values()),
                 "placement_groups": deployed.placement_groups, "patches": patches,
             })
     finally:

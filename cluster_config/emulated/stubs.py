@@ -40,8 +40,8 @@ PCLUSTER_STUBS = {
     "Ec2Client.get_official_image_id -> an x86_64 Amazon Linux image registered in moto":
         "the official ParallelCluster AMI is owned by 'amazon' and looked up by name; moto holds no "
         "ParallelCluster AMIs, so the lookup is answered with an image that exists in the emulated account",
-    "Ec2Client.describe_capacity_reservations -> built from the settings' capacity_reservation":
-        "a reservation (ODCR or Capacity Block) cannot be created in moto; its id, instance type, zone, "
+    "Ec2Client.describe_capacity_reservations -> built from the settings' capacity_reservations":
+        "a reservation (ODCR or Capacity Block) cannot be created in moto; each one's id, instance type, zone, "
         "count and reservation type come from the settings, which is what the deploy would find",
     "Ec2Client.run_instances(DryRun=True) -> DryRunOperation (would succeed)":
         "the launch-template validators dry-run RunInstances; moto rejects ParallelCluster's block device "
@@ -105,7 +105,8 @@ def patch_pcluster(reservations: list[dict[str, Any]], placement_groups: list[di
         return image_id
 
     def describe_capacity_reservations(self, capacity_reservation_ids):
-        calls.append(f"describe_capacity_reservations({', '.join(capacity_reservation_ids)})")
+        # ParallelCluster collects the ids in a set: sorted, the record is the same in every run.
+        calls.append(f"describe_capacity_reservations({', '.join(sorted(capacity_reservation_ids))})")
         known = {r["CapacityReservationId"]: r for r in reservations}
         missing = [i for i in capacity_reservation_ids if i not in known]
         if missing:
@@ -160,12 +161,8 @@ def amazon_linux_image(ec2) -> str:
 
 
 def reservation_description(settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """What EC2 DescribeCapacityReservations says about the settings' reservation (plain settings dict)."""
+    """What EC2 DescribeCapacityReservations says about the settings' reservations (plain settings dict)."""
     queue = settings["gpu_queue"]
-    reservation = queue.get("capacity_reservation")
-    if not reservation:
-        return []
-    kind = reservation.get("kind", "odcr")
     return [{
         "CapacityReservationId": reservation["id"],
         "InstanceType": queue["instance_type"],
@@ -173,7 +170,7 @@ def reservation_description(settings: dict[str, Any]) -> list[dict[str, Any]]:
         "AvailabilityZone": settings["availability_zone"],
         "TotalInstanceCount": reservation["instance_count"],
         "AvailableInstanceCount": reservation["instance_count"],
-        "State": "active" if kind == "odcr" else "scheduled",
+        "State": "active" if reservation.get("kind", "odcr") == "odcr" else "scheduled",
         "InstanceMatchCriteria": "targeted",
-        "ReservationType": "capacity-block" if kind == "capacity_block" else "default",
-    }]
+        "ReservationType": "capacity-block" if reservation.get("kind") == "capacity_block" else "default",
+    } for reservation in queue.get("capacity_reservations") or []]

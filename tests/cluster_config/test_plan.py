@@ -60,18 +60,27 @@ def test_plan_above_max_count_fails_naming_the_fix(write_env, tmp_path):
         load_settings("prod", write_env(tmp_path, "prod", models=raw["models"]))
 
 
-def test_plan_above_the_capacity_reservation_fails(write_env, tmp_path):
+def test_plan_above_the_capacity_reservations_fails(write_env, tmp_path):
     raw = prod_raw()
-    raw["gpu_queue"]["capacity_reservation"]["instance_count"] = 72
-    with pytest.raises(SettingsError, match="max_count 80 is above the capacity reservation's instance_count 72"):
+    raw["gpu_queue"]["capacity_reservations"][1]["instance_count"] = 32
+    with pytest.raises(SettingsError, match=r"max_count 80 differs from the Capacity Blocks' total instance_count 72 \(40 \+ 32\)"):
         load_settings("prod", write_env(tmp_path, "prod", gpu_queue=raw["gpu_queue"]))
+
+
+def test_plan_names_the_reservations(write_env, tmp_path):
+    assert ", reserved 80 in 2 Capacity Blocks (40 + 40);" in format_plan(build_plan(load_settings("prod")))
+    assert ", no reservation;" in format_plan(build_plan(load_settings("dev")))
+    raw = prod_raw()
+    raw["gpu_queue"].update(min_count=0, capacity_reservations=[{"id": "cr-0a1b2c3d4e5f60718", "instance_count": 80}])
+    odcr = load_settings("prod", write_env(tmp_path, "prod", gpu_queue=raw["gpu_queue"]))
+    assert ", reserved 80 in 1 ODCR;" in format_plan(build_plan(odcr))
 
 
 def test_cli_plan_prints_the_table():
     out = subprocess.run(
         [sys.executable, "-m", "cluster_config", "plan", "--env", "prod"], capture_output=True, text=True, check=True
     ).stdout
-    assert "Plan for prod: 80 x p5e.48xlarge (H200, 140 GiB) of max 80, reservation 80" in out
+    assert "Plan for prod: 80 x p5e.48xlarge (H200, 140 GiB) of max 80, reserved 80 in 2 Capacity Blocks (40 + 40)" in out
     assert "assumes 40% MFU, deadline 14 days" in out
     assert out.splitlines()[8].split()[:4] == ["model7", "llama2-70b", "34", "272"]
     assert "ERROR" not in out and "WARNING" not in out

@@ -38,8 +38,9 @@ def test_every_environment_passes_parallelclusters_schema(env_results, env):
     assert result.errors == {}
 
 
-def test_capacity_reservation_is_looked_up_once_and_answered_at_the_aws_boundary(env_results):
-    # prod targets an ODCR: the schema load asks EC2 about it (answered by the stub), dev has none.
+def test_capacity_reservations_are_looked_up_once_and_answered_at_the_aws_boundary(env_results):
+    # prod targets two Capacity Blocks: the schema load asks EC2 about both in one call (answered by
+    # the stub, which checks the ids asked for), dev has none.
     assert env_results["prod"].ec2_calls == ["DescribeCapacityReservations"]
     assert env_results["dev"].ec2_calls == []
 
@@ -136,12 +137,11 @@ def test_ssh_allow_list_with_several_ranges_is_refused_with_the_fix(tmp_path, wr
 
 
 def test_gpu_queue_follows_the_settings():
-    settings = load_settings("prod")
     queue = render("prod")["Scheduling"]["SlurmQueues"][0]
-    resource = queue["ComputeResources"][0]
-    assert (resource["InstanceType"], resource["MinCount"], resource["MaxCount"]) == ("p5e.48xlarge", 0, 80)
-    assert resource["Efa"] == {"Enabled": True, "GdrSupport": True}
-    assert resource["CapacityReservationTarget"] == {"CapacityReservationId": settings.gpu_queue.capacity_reservation.id}
+    for resource in queue["ComputeResources"]:
+        assert resource["InstanceType"] == "p5e.48xlarge"
+        assert resource["Efa"] == {"Enabled": True, "GdrSupport": True}
+        assert resource["DisableSimultaneousMultithreading"] is True
     assert queue["Networking"]["PlacementGroup"] == {"Enabled": False}  # stated, as EFA requires
     assert queue["HealthChecks"] == {"Gpu": {"Enabled": True}}
     root = queue["ComputeSettings"]["LocalStorage"]["RootVolume"]
@@ -238,14 +238,75 @@ def test_changing_the_model_list_changes_only_on_node_updated(tmp_path, write_en
     assert base["HeadNode"]["CustomActions"]["OnNodeUpdated"] != changed["HeadNode"]["CustomActions"]["OnNodeUpdated"]
 
 
-def test_capacity_block_renders_capacity_type_and_static_nodes(tmp_path, write_env):
-    config_dir = write_env(tmp_path, "prod", gpu_queue__capacity_reservation__kind="capacity_block", gpu_queue__min_count=80)
-    settings = load_settings("prod", config_dir)
-    gpu, cpu = render_cluster_config(settings, ClusterResources.placeholders(settings))["Scheduling"]["SlurmQueues"]
+def test_two_capacity_blocks_render_two_compute_resources_with_their_own_targets():
+    # 80 p5e nodes cannot come from one block (64 at most): prod holds two of 40.
+    gpu, cpu = render("prod")["Scheduling"]["SlurmQueues"]
     assert gpu["CapacityType"] == "CAPACITY_BLOCK" and cpu["CapacityType"] == "ONDEMAND"
-    (resource,) = gpu["ComputeResources"]
-    assert resource["MinCount"] == resource["MaxCount"] == 80
-    assert render("prod")["Scheduling"]["SlurmQueues"][0]["CapacityType"] == "ONDEMAND"  # an ODCR
+    assert [(r["Name"], r["MinCount"], r["MaxCount"], r["CapacityReservationTarget"]) for r in gpu["ComputeResources"]] == [
+        ("p5e-48xlarge", 40, 40, {"CapacityReservationId": "cr-0a1b2c3d4e5f60718"}),
+        ("p5e-48xlarge-r2", 40, 40, {"CapacityReservationId": "cr-0a1b2c3d4e5f60729"}),
+    ]
+    assert "CapacityReservationTarget" not in gpu  # per compute resource, not per queue
+
+
+def on_odcrs(tmp_path, write_env, counts: list[int], min_count: int, max_count: int) -> dict:
+    """prod's GPU queue rendered on On-Demand Capacity Reservations of ``counts`` instances."""
+    ids = ["cr-0a1b2c3d4e5f60718", "cr-0a1b2c3d4e5f60729", "cr-0123456789abcdef0"]
+    config_dir = write_env(tmp_path, "prod", gpu_queue__min_count=min_count, gpu_queue__max_count=max_count,
+                           gpu_queue__capacity_reservations=[{"id": i, "instance_count": n} for i, n in zip(ids, counts)])
+    settings = load_settings("prod", config_dir)
+    return render_cluster_config(settings, ClusterResources.placeholders(settings))["Scheduling"]["SlurmQueues"][0]
+
+
+def test_one_reservation_renders_one_compute_resource_named_as_without(tmp_path, write_env):
+    gpu = on_odcrs(tmp_path, write_env, [80], 0, 80)
+    assert gpu["CapacityType"] == "ONDEMAND"
+    assert [(r["Name"], r["MinCount"], r["MaxCount"], r["CapacityReservationTarget"]) for r in gpu["ComputeResources"]] == [
+        ("p5e-48xlarge", 0, 80, {"CapacityReservationId": "cr-0a1b2c3d4e5f60718"})]
+
+
+def test_odcr_node_counts_fill_the_reservations_in_order(tmp_path, write_env):
+    gpu = on_odcrs(tmp_path, write_env, [50, 20, 20], 55, 80)
+    assert [(r["Name"], r["MinCount"], r["MaxCount"]) for r in gpu["ComputeResources"]] == [
+        ("p5e-48xlarge", 50, 50), ("p5e-48xlarge-r2", 5, 20), ("p5e-48xlarge-r3", 0, 10)]
+
+
+def test_several_reservations_pass_parallelclusters_schema(tmp_path, write_env, check_schema):
+    settings = load_settings("prod")
+    gpu = on_odcrs(tmp_path, write_env, [50, 20, 20], 0, 90)
+    config = render("prod")
+    config["Scheduling"]["SlurmQueues"][0] = gpu
+    result = check_schema({"three odcrs": config}, settings)["three odcrs"]
+    assert result.errors == {} and result.ec2_calls == ["DescribeCapacityReservations"]
+
+
+def test_dev_without_a_reservation_has_one_untargeted_compute_resource():
+    (resource,) = render("dev")["Scheduling"]["SlurmQueues"][0]["ComputeResources"]
+    assert resource["Name"] == "g5-12xlarge" and "CapacityReservationTarget" not in resource
+    assert (resource["MinCount"], resource["MaxCount"]) == (0, 3)
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_bootstrap_timeouts_are_rendered_as_dev_settings(env):
+    settings = load_settings(env)
+    assert render(env)["DevSettings"] == {"Timeouts": {
+        "HeadNodeBootstrapTimeout": settings.head_node.bootstrap_timeout_s,
+        "ComputeNodeBootstrapTimeout": settings.compute_bootstrap_timeout_s,
+    }}
+    assert settings.head_node.bootstrap_timeout_s == 3600  # the head node builds the jobs' CUDA PyTorch venv
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_compute_queues_pass_their_gpu_count_to_the_node_health_check(env):
+    settings = load_settings(env)
+    config = render(env)
+    gpu, cpu = config["Scheduling"]["SlurmQueues"]
+    for queue, gpus in ((gpu, settings.gpu_queue.gpus_per_instance), (cpu, 0)):
+        args = queue["CustomActions"]["OnNodeConfigured"]["Args"]
+        assert args[args.index("--gpus") + 1] == str(gpus)
+    # The head node's OnNodeConfigured cannot change on a running cluster: no --gpus there.
+    head = config["HeadNode"]["CustomActions"]
+    assert "--gpus" not in head["OnNodeConfigured"]["Args"] and "--gpus" not in head["OnNodeUpdated"]["Args"]
 
 
 def test_monitoring_and_tags():

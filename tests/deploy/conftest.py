@@ -1,7 +1,8 @@
 """Deploy-true fixtures: ParallelCluster's own venv, and each environment synthesized and checked once per session.
 
-``deploy_check(env)`` -> (settings, stacks, templates) of one synth; ``report(env)`` -> the
-``cluster_config.emulated.check.Report`` of that environment's emulated deploy.
+``synthesized(env)`` -> (settings, stacks, templates, outdir) of one synth; ``report(env)`` -> the
+``cluster_config.emulated.check.Report`` of that environment's emulated deploy; ``pcluster_validated(env,
+edit_config)`` -> the Report of one with its rendered config edited.
 """
 
 from __future__ import annotations
@@ -57,5 +58,18 @@ def report(pcluster_venv, synthesized):
             reports[env] = check_environment(settings, stacks, templates)
             print(format_report(reports[env]))
         return reports[env]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def pcluster_validated(pcluster_venv, synthesized):
+    """``pcluster_validated(env, edit_config=...)``: a shipped environment's emulated deploy with its rendered
+    config edited first (a mistake the settings now refuse, re-created), no update checks."""
+    from cluster_config.emulated.check import check_environment
+
+    def get(env: str, edit_config):
+        settings, stacks, templates, _ = synthesized(env)
+        return check_environment(settings, stacks, templates, with_updates=False, edit_config=edit_config)
 
     return get

@@ -48,6 +48,32 @@ def test_capacity_reservation_validators_run_on_prod(report):
     assert {"CapacityReservationValidator", "CapacityReservationSizeValidator", "CapacityTypeValidator"} <= set(report("prod").validators)
 
 
+def test_prods_two_capacity_blocks_pass_parallelclusters_validators(report):
+    """80 p5e nodes from two Capacity Blocks of 40 (one block holds at most 64): each block its own
+    compute resource, static, with its own target; ParallelCluster's validators accept the queue."""
+    result = report("prod")
+    assert result.errors == [] and result.open_warnings == []
+    gpu = result.config["Scheduling"]["SlurmQueues"][0]
+    assert gpu["CapacityType"] == "CAPACITY_BLOCK"
+    assert [(r["Name"], r["MinCount"], r["MaxCount"], r["CapacityReservationTarget"]["CapacityReservationId"])
+            for r in gpu["ComputeResources"]] == [("p5e-48xlarge", 40, 40, "cr-0a1b2c3d4e5f60718"),
+                                                 ("p5e-48xlarge-r2", 40, 40, "cr-0a1b2c3d4e5f60729")]
+    # Both blocks were described to ParallelCluster (from the settings: a block cannot be made in moto).
+    assert "describe_capacity_reservations(cr-0a1b2c3d4e5f60718, cr-0a1b2c3d4e5f60729)" in result.stubbed
+
+
+def test_capacity_block_larger_than_its_reservation_is_what_parallelcluster_rejects(synthesized, pcluster_validated):
+    """ParallelCluster compares each compute resource's MaxCount with its block: one 80-node compute resource
+    on a 40-instance block fails (the settings refuse a block above 64, and counts that differ, first)."""
+    def one_resource_of_80(config):
+        gpu = config["Scheduling"]["SlurmQueues"][0]
+        first = gpu["ComputeResources"][0]
+        gpu["ComputeResources"] = [{**first, "MinCount": 80, "MaxCount": 80}]
+
+    result = pcluster_validated("prod", edit_config=one_resource_of_80)
+    assert [f["validator"] for f in result.errors] == ["CapacityReservationSizeValidator"], result.errors
+
+
 @pytest.mark.parametrize("env", ENVS)
 def test_only_the_listed_calls_are_stubbed(report, env):
     for call in report(env).stubbed:
@@ -86,6 +112,51 @@ def test_settings_changes_that_need_the_compute_fleet_stopped(report, env):
         refused = [row for row in updates[scenario]["rows"] if row[4] != "SUCCEEDED"]
         assert [row[1] for row in refused] == [where], refused
         assert "All compute nodes must be stopped or QueueUpdateStrategy must be set to TERMINATE" in refused[0][5]
+
+
+def test_reservation_changes_a_running_cluster_accepts(report):
+    # Compute resources are named by position: a new reservation adds one, a new id for a slot (the next
+    # Capacity Block) retargets one; QueueUpdateStrategy DRAIN lets both through while nodes run.
+    updates = report("prod").updates
+    added = updates["add a capacity reservation"]
+    assert added["allowed"], added["rows"]
+    assert [(row[1], row[4]) for row in added["rows"]] == [("ComputeResources", "SUCCEEDED")], added["rows"]
+    replaced = updates["replace a capacity reservation"]
+    assert replaced["allowed"], replaced["rows"]
+    assert [(row[0], row[1], row[3], row[4]) for row in replaced["rows"]] == [(
+        "['Scheduling', 'SlurmQueues[gpu]', 'ComputeResources[p5e-48xlarge-r2]', 'CapacityReservationTarget']",
+        "CapacityReservationId", "cr-0f1e2d3c4b5a69788", "SUCCEEDED")], replaced["rows"]
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_head_node_bootstrap_timeout_is_fixed_at_creation(report, env):
+    refused = report(env).updates["raise head_node.bootstrap_timeout_s"]
+    assert not refused["allowed"]
+    assert [(row[1], row[7]) for row in refused["rows"] if row[4] != "SUCCEEDED"] == [("HeadNodeBootstrapTimeout", "UNSUPPORTED")]
+
+
+def test_a_cluster_created_before_the_timeouts_and_gpu_counts_takes_them_by_update(synthesized, pcluster_venv):
+    """DevSettings.Timeouts and the queues' --gpus arguments reach a running cluster: the section is new
+    (DevSettings: SUPPORTED) and queue custom actions follow QueueUpdateStrategy; the head node's
+    OnNodeConfigured, which a running cluster cannot change, is untouched."""
+    settings, stacks, templates, _ = synthesized("prod")
+
+    def before(deployed):
+        old = copy.deepcopy(deployed.config)
+        del old["DevSettings"]
+        for queue in old["Scheduling"]["SlurmQueues"]:
+            args = queue["CustomActions"]["OnNodeConfigured"]["Args"]
+            del args[args.index("--gpus"):args.index("--gpus") + 2]
+        return {"timeouts and --gpus": (old, deployed.config)}
+
+    result = check_environment(settings, stacks, templates, with_updates=False, extra_updates=before)
+    update = result.updates["timeouts and --gpus"]
+    assert update["allowed"], update["rows"]
+    assert sorted((row[0], row[1], row[4]) for row in update["rows"]) == [
+        ("['Scheduling', 'SlurmQueues[cpu]', 'CustomActions', 'OnNodeConfigured']", "Args", "SUCCEEDED"),
+        ("['Scheduling', 'SlurmQueues[gpu]', 'CustomActions', 'OnNodeConfigured']", "Args", "SUCCEEDED"),
+        ("[]", "DevSettings", "SUCCEEDED"),
+    ], update["rows"]
 
 
 def test_model_list_in_on_node_configured_args_would_make_the_update_fail(synthesized, pcluster_venv):
@@ -138,40 +209,42 @@ def test_c6i_in_ap_southeast_3_is_what_parallelcluster_rejects(synthesized, pclu
     assert messages == ["The instance type 'c6i.4xlarge' is not supported."]
 
 
-def capacity_block(settings: Settings, min_count: int) -> Settings:
+def with_reservations(settings: Settings, reservations: list[dict], min_count: int, max_count: int) -> Settings:
     raw = settings.model_dump()
-    raw["gpu_queue"]["capacity_reservation"]["kind"] = "capacity_block"
-    raw["gpu_queue"]["min_count"] = min_count
+    raw["gpu_queue"].update(capacity_reservations=reservations, min_count=min_count, max_count=max_count)
     return Settings(**raw)
 
 
-def test_capacity_block_renders_a_config_parallelcluster_accepts(synthesized, pcluster_venv):
+def test_on_demand_capacity_reservations_render_a_config_parallelcluster_accepts(synthesized, pcluster_venv):
     settings, stacks, templates, _ = synthesized("prod")
-    result = check_environment(capacity_block(settings, 80), stacks, templates, with_updates=False)
+    odcrs = with_reservations(settings, [{"id": "cr-0a1b2c3d4e5f60718", "instance_count": 60},
+                                         {"id": "cr-0a1b2c3d4e5f60729", "instance_count": 30}], 0, 90)
+    result = check_environment(odcrs, stacks, templates, with_updates=False)
     assert result.errors == [], result.errors
-    assert result.config["Scheduling"]["SlurmQueues"][0]["CapacityType"] == "CAPACITY_BLOCK"
-    assert "describe_capacity_reservations(cr-0a1b2c3d4e5f60718)" in result.stubbed
+    gpu = result.config["Scheduling"]["SlurmQueues"][0]
+    assert gpu["CapacityType"] == "ONDEMAND"
+    assert [(r["MinCount"], r["MaxCount"]) for r in gpu["ComputeResources"]] == [(0, 60), (0, 30)]
 
 
-def test_capacity_block_with_min_count_0(synthesized, pcluster_venv):
+def test_capacity_block_with_min_count_0(synthesized, pcluster_validated):
     """The settings refuse it first (tests/test_settings.py); ParallelCluster agrees once CapacityType says so,
     but the old ONDEMAND rendering against a Capacity Block passes every validator and fails only at launch."""
-    settings, stacks, templates, _ = synthesized("prod")
+    settings, _, _, _ = synthesized("prod")
     with pytest.raises(ValueError, match="set min_count: 80"):
-        capacity_block(settings, 0)
-    block = capacity_block(settings, 80)
+        with_reservations(settings, [r.model_dump() for r in settings.gpu_queue.capacity_reservations], 0, 80)
 
     def min_count_0(config):
-        config["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MinCount"] = 0
+        for resource in config["Scheduling"]["SlurmQueues"][0]["ComputeResources"]:
+            resource["MinCount"] = 0
 
-    result = check_environment(block, stacks, templates, with_updates=False, edit_config=min_count_0)
+    result = pcluster_validated("prod", edit_config=min_count_0)
     assert "Min count must be a value > 0 when using Capacity Block reservation." in [f["message"] for f in result.errors]
 
     def old_ondemand(config):
         min_count_0(config)
         config["Scheduling"]["SlurmQueues"][0]["CapacityType"] = "ONDEMAND"
 
-    result = check_environment(block, stacks, templates, with_updates=False, edit_config=old_ondemand)
+    result = pcluster_validated("prod", edit_config=old_ondemand)
     assert result.errors == []  # not caught by ParallelCluster: why the reservation kind is a setting
 
 
@@ -201,8 +274,10 @@ def test_update_scenarios_cover_what_users_change():
 
     assert set(update_scenarios(load_settings("prod"))) == {
         "add a model", "remove a model", "resize a model", "lower gpu_queue.max_count",
-        "raise cpu_queue.max_count", "change cpu_queue.instance_type",
+        "raise cpu_queue.max_count", "change cpu_queue.instance_type", "raise head_node.bootstrap_timeout_s",
+        "add a capacity reservation", "replace a capacity reservation",
     }
+    assert "add a capacity reservation" not in update_scenarios(load_settings("dev"))  # dev has none
 
 
 def _deployed_from(tmp_path, **changes):
