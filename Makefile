@@ -83,6 +83,7 @@ bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	local_cluster/cluster.sh up  # the training benchmark's data-wait figure comes from a two-node run
 	$(PY) -m benchmarks.training
 	$(PY) -m benchmarks.recovery  # per fault: seconds to the next step, steps repeated, human needed
+	$(PY) -m benchmarks.node_bootstrap  # the head node's OnNodeConfigured (real pip install) vs its bootstrap timeout
 
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf cdk.out benchmarks/results
