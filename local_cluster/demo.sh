@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Demo of the local cluster: bring it up, run the two-node smoke test and the collective benchmark
-# across both nodes, print the results. Fails loudly if a job fails.
+# Demo of the local cluster: bring it up (`up` prints each node's custom actions: script, args, exit
+# status, seconds), run the two-node smoke test and the collective benchmark across both nodes, print
+# the results. Fails loudly if a job fails.
 #   local_cluster/demo.sh [options for cluster_checks.collectives, e.g. --max-bytes 64M]
 set -euo pipefail
 

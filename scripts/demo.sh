@@ -2,7 +2,8 @@
 # The main job, end to end on this machine (`make demo`, after `make deps`):
 #   1. synthesize every environment offline, cdk-nag + cfn-lint   (scripts/synth_all.sh)
 #   2. every ParallelCluster config: its schema, then an emulated deploy with its validators, update checks, checkov
-#   3. local Slurm cluster (3 nodes): two-node smoke test + collective benchmark   (local_cluster/demo.sh)
+#   3. local Slurm cluster (3 nodes, booted through dev's custom actions): two-node smoke test +
+#      collective benchmark   (local_cluster/demo.sh)
 #   4. data pipeline: sample corpus -> tokenize job array -> validate -> loader speed   (jobs/data_pipeline/demo.sh)
 #   5. training: dev's two models side by side on their Slurm shares (preflight, QOS), model1 interrupted
 #      by the time-limit signal, requeued, resumed; loss curves; node-hours per model
@@ -25,7 +26,7 @@ scripts/synth_all.sh
 step "2/6 ParallelCluster: schema, emulated deploy, its validators and update checks, checkov"
 python -m cluster_config validate --all   # (synth above printed each environment's plan)
 
-step "3/6 Local Slurm cluster (3 nodes, accounting): two-node smoke test and collective benchmark"
+step "3/6 Local Slurm cluster (3 nodes booted through dev's custom actions, accounting): smoke test and collective benchmark"
 local_cluster/demo.sh --max-bytes 4M
 
 step "4/6 Data pipeline: tokenize job array on the cpu partition"
