@@ -4,13 +4,14 @@ torchrun sets RANK, WORLD_SIZE and LOCAL_RANK. GPUs use NCCL for training collec
 gloo. Two extra gloo groups keep small CPU-side traffic off the training group: one for the
 per-step "should we stop?" vote (no GPU sync), one for the checkpoint writer's background thread
 (collectives from two threads on one group could interleave differently on different ranks).
+HSDP and tensor parallel run their collectives on the device mesh's own groups, one per mesh dimension.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -32,6 +33,9 @@ class Dist:
     device: torch.device
     control_group: dist.ProcessGroup  # gloo: stop votes
     checkpoint_group: dist.ProcessGroup  # gloo: the async checkpoint writer
+    timeout: timedelta | None = None  # of the training collectives: start-up, then set_timeout's (None: fake group)
+    # Groups that follow ``timeout``: the default one, the stop vote's, the device mesh's (``device_mesh``).
+    groups: list[dist.ProcessGroup] = field(default_factory=list)
 
     @property
     def is_main(self) -> bool:
@@ -58,16 +62,17 @@ def init(timeout_s: int) -> Dist:
                             device_id=device if device.type == "cuda" else None)
     control = dist.new_group(backend="gloo", timeout=timeout)
     checkpoint = dist.new_group(backend="gloo", timeout=timeout)
-    return Dist(rank, world_size, local_rank, device, control, checkpoint)
+    return Dist(rank, world_size, local_rank, device, control, checkpoint, timeout,
+                groups=[dist.group.WORLD, control])
 
 
 def set_timeout(d: Dist, timeout_s: int) -> None:
     """Shorten the collective timeout once start-up is over (torchtitan: 300 s, then 100 s): a dead or
     stuck peer then ends the step in ~2 minutes instead of idling every GPU for the start-up allowance.
     The checkpoint writer's group keeps the long one: its collectives wait for the slowest rank's write."""
-    timeout = timedelta(seconds=timeout_s)
-    for group in (None, d.control_group):  # None: the default (training) group
-        dist.distributed_c10d._set_pg_timeout(timeout, group)
+    d.timeout = timedelta(seconds=timeout_s)
+    for group in d.groups:
+        dist.distributed_c10d._set_pg_timeout(d.timeout, group)
 
 
 def shutdown() -> None:
@@ -95,6 +100,9 @@ def device_mesh(d: Dist, train) -> DeviceMesh | None:
     neighbours: the GPUs of one node, linked by NVLink. ``dp_shard`` shards parameters, gradients
     and optimizer state (FSDP2); with HSDP, ``dp_replicate`` holds whole copies of those shards
     (one all-reduce of the shard per step instead of a world-wide reduce-scatter).
+
+    The mesh's groups join ``d.groups`` and take our timeout, not the 30 min torch creates them with.
+    Slices of the mesh (``mesh["tp"]``) share these groups.
     """
     if train.parallelism == "ddp":
         return None
@@ -104,7 +112,13 @@ def device_mesh(d: Dist, train) -> DeviceMesh | None:
         shape, names = [dp // train.hsdp_shard_size, train.hsdp_shard_size], ["dp_replicate", "dp_shard"]
     if tp > 1:
         shape, names = [*shape, tp], [*names, "tp"]
-    return init_device_mesh(d.device.type, tuple(shape), mesh_dim_names=tuple(names))
+    mesh = init_device_mesh(d.device.type, tuple(shape), mesh_dim_names=tuple(names))
+    for group in mesh.get_all_groups():
+        if group not in d.groups:  # a dimension over all ranks is the default group
+            d.groups.append(group)
+            if d.timeout is not None:
+                dist.distributed_c10d._set_pg_timeout(d.timeout, group)
+    return mesh
 
 
 def data_parallel_rank(d: Dist, tensor_parallel: int) -> tuple[int, int]:

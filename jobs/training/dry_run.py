@@ -142,8 +142,8 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
             gpu: bool = True) -> Report:
     """Peak memory of rank 0 of ``world_size`` in a steady-state step of ``cfg``'s training loop.
 
-    ``gpu``: model the GPU job (bf16 mixed precision, the CUDA init path, kernel workspace,
-    runtime); False models the same run on CPU (fp32, nothing added), which ``measure_cpu`` checks.
+    ``gpu``: model the GPU job (bf16 mixed precision, kernel workspace, runtime); False models the
+    same run on CPU (fp32, nothing added), which ``measure_cpu`` checks.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -159,7 +159,7 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     try:
         mesh = distributed.device_mesh(d, cfg.train)  # outside fake mode: it reads real rank tensors
         fake = FakeTensorMode(allow_non_fake_inputs=True)
-        model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=gpu, sharded_rng=True, allocating=fake)
+        model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=gpu, allocating=fake)
         with fake:
             if cfg.train.parallelism == "ddp":
                 tracker = MemTracker()
@@ -260,8 +260,7 @@ d = distributed.Dist(0, 1, 0, torch.device("cpu"), dist.group.WORLD, dist.group.
 model_config = llama_config(cfg.model.preset, args["vocab_size"], cfg.data.seq_len)
 profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
 profiler.__enter__()
-model, optimizer = build(cfg, model_config, d, distributed.device_mesh(d, cfg.train), mixed_precision=False,
-                         sharded_rng=False)
+model, optimizer = build(cfg, model_config, d, distributed.device_mesh(d, cfg.train), mixed_precision=False)
 accum = cfg.grad_accum_steps(1)
 shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
 for step in range(2):

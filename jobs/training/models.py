@@ -12,8 +12,7 @@ import zlib
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -48,20 +47,16 @@ RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, seed: int,
-                 *, sharded_rng: bool | None = None) -> None:
+def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, seed: int) -> None:
     """Allocate on ``device`` and initialize, seeded; every layout gets the same model.
 
     Matrices ~ normal(0, 0.02), the residual output projections (``RESIDUAL_OUTPUTS``) ~
-    normal(0, 0.02 / sqrt(2 x layers)), norms 1. ``sharded_rng`` (default: on CUDA) draws each
-    sharded parameter with DTensor's random ops, whose CUDA RNG tracker gives every shard its own
-    slice of one seeded stream. Elsewhere (CPU: DTensor has no RNG tracker) each parameter is drawn
-    whole from a generator seeded by (seed, its name) and each rank keeps its slice: the same
-    values for DDP, FSDP and tensor parallel at any world size, which the layout tests rely on.
+    normal(0, 0.02 / sqrt(2 x layers)), norms 1. Each matrix is drawn whole, on its own device, from
+    a generator seeded by (seed, its name), and each rank keeps its shard: DDP, FSDP, HSDP and FSDP x
+    TP start from the same weights at any world size (on a given device type: CUDA and CPU
+    generators differ). One matrix exists whole at a time (70B's largest: 1 GiB in fp32).
     """
     model.to_empty(device=device)
-    sharded_rng = device.type == "cuda" if sharded_rng is None else sharded_rng
-    torch.manual_seed(seed)  # the RNG tracker's seed: equal on every rank
     std = config.initializer_range
     for name, param in model.named_parameters():
         name = canonical_name(name)
@@ -69,10 +64,7 @@ def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, se
             param.fill_(1.0)
             continue
         sigma = std / math.sqrt(2 * config.num_hidden_layers) if name.endswith(RESIDUAL_OUTPUTS) else std
-        if sharded_rng:
-            param.normal_(0.0, sigma)
-        else:
-            _normal_by_name(param, sigma, seed, name)
+        _normal_by_name(param, sigma, seed, name)
     # Rotary frequencies are a computed buffer, left as garbage by to_empty: compute them again.
     model.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)
 
@@ -84,15 +76,23 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def param_seed(seed: int, name: str) -> int:
+    """The seed of one parameter's generator: distinct names, distinct streams."""
+    return seed * 1_000_003 + zlib.crc32(name.encode())
+
+
 def _normal_by_name(param: torch.Tensor, sigma: float, seed: int, name: str) -> None:
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    full = torch.empty(param.shape, dtype=param.dtype).normal_(0.0, sigma, generator=generator)
-    if isinstance(param, DTensor):
-        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-        full = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-        param.to_local().copy_(full)
-    else:
-        param.copy_(full)
+    # Not DTensor's random ops: under FSDP x TP (a dimension sharded twice) torch sizes each shard's
+    # slice of the shared stream wrongly, and shards of different parameters draw the same values.
+    generator = torch.Generator(device=param.device).manual_seed(param_seed(seed, name))
+    if not isinstance(param, DTensor):
+        param.normal_(0.0, sigma, generator=generator)
+        return
+    full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+    full.normal_(0.0, sigma, generator=generator)
+    # This rank's shard, cut by DTensor's own rules; src_data_rank=None: from the local copy, no communication.
+    shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    param.to_local().copy_(shard.to_local())
 
 
 def count_parameters(config: LlamaConfig) -> tuple[int, int]:

@@ -45,7 +45,7 @@ def train(cfg: Config, d: distributed.Dist) -> str:
 
 
 def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precision: bool | None = None,
-          sharded_rng: bool | None = None, allocating=contextlib.nullcontext()):
+          allocating=contextlib.nullcontext()):
     """The parallelized, initialized model and its optimizer, as every rank of the job builds them.
 
     Shared with the dry run (``training.dry_run``), which forces the GPU choices on a CPU and
@@ -54,13 +54,13 @@ def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precisi
     model = build_model(model_config)
     if cfg.train.parallelism == "ddp":
         with allocating:
-            init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+            init_weights(model, model_config, d.device, cfg.train.seed)
             model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
             return model, build_optimizer(model, cfg.optim)
     # Shard first, so each rank allocates only its shard.
     model = distributed.parallelize(model, cfg.train, d, mesh, mixed_precision=mixed_precision)
     with allocating:
-        init_weights(model, model_config, d.device, cfg.train.seed, sharded_rng=sharded_rng)
+        init_weights(model, model_config, d.device, cfg.train.seed)
         return model, build_optimizer(model, cfg.optim)
 
 

@@ -107,6 +107,21 @@ def run(tmp_path) -> Run:
     return Run(tmp_path)
 
 
+def torchrun_script(script: Path, *args: str, nproc: int = 4, timeout: float = 120) -> tuple[int | None, str]:
+    """Run ``script`` on ``nproc`` gloo processes: (exit code, None if it was stopped at ``timeout``; output)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([str(TORCHRUN), f"--nproc-per-node={nproc}", "--standalone", str(script), *args],
+                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        process.terminate()  # torchrun stops its workers (each in a session of its own) on SIGTERM
+        output, _ = process.communicate(timeout=60)
+        return None, output
+
+
 # Short runs for the resume tests: 16 steps, a checkpoint every 4, every step logged, and two
 # micro-batches per rank so gradient accumulation is part of what must continue exactly.
 SHORT = ("train.steps=16", "checkpoint.every=4", "log.interval=1", "train.micro_batch_size=8",

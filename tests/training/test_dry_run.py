@@ -88,8 +88,8 @@ def test_deferred_gradient_reduction_holds_unsharded_fp32_gradients():
     assert last.grad_sync == "last micro-batch" and every.grad_sync == "every micro-batch"
 
 
-def test_gpu_init_path_builds_and_initializes_under_the_fake_process_group():
-    """The CUDA path (DTensor random ops, sharded_rng) at FSDP 8 x TP 2, as the dry run takes it."""
+def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_group():
+    """FSDP 8 x TP 2 built and initialized as the dry run does it: each rank's shard cut from fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cfg = load_model_config(CONFIGS / "tiny.yaml", ["train.parallelism=fsdp", "train.tensor_parallel=2",
@@ -98,7 +98,7 @@ def test_gpu_init_path_builds_and_initializes_under_the_fake_process_group():
     try:
         mesh = distributed.device_mesh(d, cfg.train)
         model_config = llama_config("small", DEFAULT_VOCAB, 128)
-        model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=True, sharded_rng=True,
+        model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=True,
                                  allocating=FakeTensorMode(allow_non_fake_inputs=True))
         q = model.model.layers[0].self_attn.q_proj.weight
         assert q.device_mesh.mesh_dim_names == ("dp_shard", "tp") and q.to_local().shape == (512 // 16, 512)
