@@ -6,6 +6,7 @@ Modules:
   models      the Llama model built from a preset, depth-scaled weight initialization, FLOP counts
   presets     named model shapes (tiny ... 310B, Llama-2 7B/13B/70B), parameters and FLOPs; torch-free
   sizing      analytic per-GPU memory and checkpoint size (the cluster plan uses it); torch-free
+  communication  the least collective traffic per layer and per step of a layout (counts, bytes); torch-free
   evaluate    validation loss on the held-out split every ``eval.every`` steps
   status      ``python -m training.status``: every model's job, progress, losses, checkpoint, cost
   export_hf   ``python -m training.export_hf``: a checkpoint to Hugging Face format
