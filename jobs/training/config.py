@@ -145,6 +145,9 @@ class Config(_Section):
                 if n % tp:
                     raise ValueError(f"train.tensor_parallel {tp} does not divide preset {self.model.preset}'s "
                                      f"{what} ({n}); use a divisor of it (e.g. 2, 4 or 8)")
+            if self.data.seq_len % tp:  # sequence parallelism splits every sequence over the tensor-parallel ranks
+                raise ValueError(f"train.tensor_parallel {tp} does not divide data.seq_len {self.data.seq_len}; "
+                                 f"use a seq_len that is a multiple of it")
         return self
 
     def to_dict(self) -> dict:

@@ -20,8 +20,10 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import parallel as tensor_parallel
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -126,14 +128,40 @@ def data_parallel_rank(d: Dist, tensor_parallel: int) -> tuple[int, int]:
     return d.rank // tensor_parallel, d.world_size // tensor_parallel
 
 
-# Megatron's layout for a Llama block, in torchtitan's form: column-parallel Q/K/V and gate/up
-# (each rank computes its heads / FFN slice), row-parallel output projections (one all-reduce of
-# the block's output each). Norms and embeddings stay whole on every tensor-parallel rank.
-TP_PLAN = {
-    "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-    "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-    "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
+# Megatron's layout with sequence parallelism (Korthikanti et al. 2022), in torchtitan's form. Between
+# blocks the residual stream is split along the sequence over the tensor-parallel ranks: the norms
+# run on 1/t of the tokens and activation checkpointing keeps 1/t of each layer's input. Each block
+# all-gathers its normalized input once (``PrepareModuleInput``), its column-parallel matrices (Q/K/V,
+# gate/up) compute their heads / FFN slice, and the row-parallel output projection reduce-scatters
+# back to sequence shards: per attention and per MLP block one all-gather and one reduce-scatter
+# forward, the mirror pair backward. The embedding stays whole (no communication; FSDP shards it) and
+# the first layer splits the sequence, so the model sees whole sequences: positions and the causal
+# mask are its own. The output projection is split by vocabulary and the loss computed on vocabulary
+# shards (``loss_parallel``): no rank holds whole logits.
+SEQUENCE = Shard(1)  # (batch, sequence, hidden): the sequence dimension
+
+BLOCK_PLAN = {
+    "input_layernorm": SequenceParallel(),
+    "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": SEQUENCE},
+                                    desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+    "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(), "self_attn.v_proj": ColwiseParallel(),
+    "self_attn.o_proj": RowwiseParallel(output_layouts=SEQUENCE),
+    "post_attention_layernorm": SequenceParallel(),
+    "mlp": PrepareModuleInput(input_layouts=(SEQUENCE,), desired_input_layouts=(Replicate(),)),
+    "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+    "mlp.down_proj": RowwiseParallel(output_layouts=SEQUENCE),
 }
+SPLIT_SEQUENCE = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(SEQUENCE,),
+                                    use_local_output=True)  # the first layer's input: no communication
+MODEL_PLAN = {
+    "model.norm": SequenceParallel(),
+    "lm_head": ColwiseParallel(input_layouts=SEQUENCE, output_layouts=Shard(-1), use_local_output=False),
+}
+
+
+def loss_parallel(train):
+    """Where the loss and its backward run: on vocabulary-sharded logits under tensor parallel."""
+    return tensor_parallel.loss_parallel() if train.tensor_parallel > 1 else contextlib.nullcontext()
 
 
 def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
@@ -149,8 +177,10 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     compile = (train.compile if train.compile is not None else d.on_gpu) if compile is None else compile
     layers = model.model.layers
     if train.tensor_parallel > 1:
+        parallelize_module(model, mesh["tp"], MODEL_PLAN)
+        parallelize_module(layers[0], mesh["tp"], SPLIT_SEQUENCE)
         for layer in layers:
-            parallelize_module(layer, mesh["tp"], TP_PLAN)
+            parallelize_module(layer, mesh["tp"], BLOCK_PLAN)
     for i, layer in enumerate(layers):
         if compile:
             # The layer's own forward, so FSDP's and the checkpoint wrapper's hooks stay outside the
@@ -164,8 +194,12 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     kwargs = {"mesh": dp_mesh}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # torchtitan's units: the embedding, each layer, the final norm with the output projection (needed
+    # again at once by backward: not resharded after forward), then the root for what is left.
+    fully_shard(model.model.embed_tokens, **kwargs)
     for layer in layers:
         fully_shard(layer, **kwargs)
+    fully_shard([model.model.norm, model.lm_head], **kwargs, reshard_after_forward=False)
     fully_shard(model, **kwargs)
     return model
 

@@ -149,7 +149,8 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from .train import build, compute_loss
+    from .models import compute_loss
+    from .train import build
 
     start = time.perf_counter()
     accum = cfg.grad_accum_steps(world_size)
@@ -176,7 +177,8 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
                 for m in range(micro):
                     inputs = torch.randint(0, vocab_size, shape)
                     labels = torch.randint(0, vocab_size, shape)
-                    with distributed.gradient_sync(model, m == micro - 1, cfg.train.grad_reduce):
+                    with (distributed.gradient_sync(model, m == micro - 1, cfg.train.grad_reduce),
+                          distributed.loss_parallel(cfg.train)):
                         (compute_loss(model, inputs, labels) / accum).backward()
                     tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak stays
                 distributed.clip_grad_norm(model, cfg.optim.grad_clip)
@@ -249,7 +251,8 @@ import json, os, resource, sys, torch, torch.distributed as dist
 from training import distributed
 from training.dry_run import load_model_config
 from training.models import llama_config
-from training.train import build, compute_loss
+from training.models import compute_loss
+from training.train import build
 
 args = json.loads(sys.argv[1])
 torch.manual_seed(0)

@@ -16,11 +16,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from data_pipeline.loader import DatasetError, TokenLoader, read_dataset_meta
 
 from . import distributed
 from .config import Config
+from .models import compute_loss
 
 
 class Evaluator:
@@ -58,12 +58,12 @@ class Evaluator:
             batch = next(batches)
             inputs = batch["input_ids"].to(self.d.device, non_blocking=True)
             labels = batch["labels"].to(self.d.device, non_blocking=True)
-            with distributed.autocast(self.d, self.cfg.train.parallelism):
-                logits = model(input_ids=inputs).logits
-            totals[0] += F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum").double()
+            with distributed.autocast(self.d, self.cfg.train.parallelism), distributed.loss_parallel(self.cfg.train):
+                totals[0] += compute_loss(model, inputs, labels, reduction="sum").double()
             totals[1] += labels.numel()
         model.train(was_training)
         dist.all_reduce(totals)
+        totals /= self.cfg.train.tensor_parallel  # the ranks of one tensor-parallel group scored the same tokens
         loss = (totals[0] / totals[1]).item()
         return {"val_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "val_tokens": int(totals[1].item()),
                 "eval_s": time.perf_counter() - start}

@@ -11,6 +11,7 @@ import math
 import zlib
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -93,6 +94,17 @@ def _normal_by_name(param: torch.Tensor, sigma: float, seed: int, name: str) -> 
     # This rank's shard, cut by DTensor's own rules; src_data_rank=None: from the local copy, no communication.
     shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
     param.to_local().copy_(shard.to_local())
+
+
+def compute_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of one micro-batch (fp32 logits), over its tokens.
+
+    Under tensor parallelism the logits are vocabulary shards: call inside ``distributed.loss_parallel``,
+    which gives the loss on every rank (a replicated DTensor, returned as the plain tensor).
+    """
+    logits = model(input_ids=inputs).logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction=reduction)
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def count_parameters(config: LlamaConfig) -> tuple[int, int]:

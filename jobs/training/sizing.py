@@ -9,8 +9,8 @@ is rented. What it counts, per GPU, for the job as ``train.py`` runs it:
   full copy on each, plus its gradient buckets (4) and, under bf16 autocast, a bf16 copy of the
   weights (2).
 - gathered (FSDP2 only): the unsharded bf16 weights of the layer being computed and of the one
-  prefetched, the root module's (embeddings, output projection, final norm; FSDP2 keeps the root's
-  weights gathered from forward to backward), and one unsharded gradient in bf16 plus its fp32 copy
+  prefetched, the output unit's (final norm and output projection, kept gathered from forward to
+  backward; the embedding is its own unit, gathered only while it runs), and one unsharded gradient in bf16 plus its fp32 copy
   for the reduce-scatter. Gradients are assumed reduce-scattered after every micro-batch, so no
   unsharded gradient outlives its layer's backward.
 - activations: the tensors autograd saves for backward in one micro-batch. Per token and decoder
@@ -24,9 +24,11 @@ is rented. What it counts, per GPU, for the job as ``train.py`` runs it:
   it keeps a log-sum-exp per row, not the seq_len x seq_len matrix, so memory is linear in
   seq_len. With activation checkpointing a layer keeps only its input (a h per token). Then the final norm, the output
   projection's input, and the fp32 log-softmax (4 V per token, V the vocabulary).
-  Tensor parallel (Megatron's layout, no sequence parallelism) splits what lies between a block's
-  column- and row-parallel matrices (q, k, v, the attention output, the SwiGLU tensors) over its t
-  ranks; the norms, the blocks' inputs and the head stay whole on each.
+  Tensor parallel (Megatron's layout with sequence parallelism) splits everything a layer keeps over
+  its t ranks, except the two block inputs the column-parallel matrices read: those are all-gathered
+  and kept whole (2 a h). With activation checkpointing a layer keeps its input's sequence shard
+  (a h / t). The output projection is split by vocabulary: the log-softmax is 4 V / t; its gathered
+  input is whole.
 - transient: what lives briefly at the peak of backward: the bf16 logits and the fp32 gradients of
   the loss (a + 8 bytes x V per token), the activation gradients of one layer and, with activation
   checkpointing, the activations of the layer being rebuilt.
@@ -84,9 +86,10 @@ class Memory:
 
 def layer_activation_bytes_per_token(p: Preset, a: int, tensor_parallel: int = 1) -> float:
     """Bytes one decoder layer saves for backward, per token (see the module docstring)."""
-    whole = 8 * p.hidden + a * 2 * p.hidden  # the norms' fp32 input and output, the attention and MLP inputs
+    norms = 8 * p.hidden  # the norms' fp32 input and output: sequence shards under tensor parallel
+    block_inputs = a * 2 * p.hidden  # the attention and MLP inputs, gathered whole for the column-parallel matrices
     split = a * (5 * p.hidden + 2 * p.kv_size + 4 * p.ffn_size)  # between column- and row-parallel matrices
-    return whole + split / tensor_parallel
+    return block_inputs + (norms + split) / tensor_parallel
 
 
 def activation_bytes(run: RunShape) -> float:
@@ -94,11 +97,12 @@ def activation_bytes(run: RunShape) -> float:
     p, a = run.preset, run.compute_bytes
     tokens = run.micro_batch * run.seq_len
     per_layer = layer_activation_bytes_per_token(p, a, run.tensor_parallel)
+    t = run.tensor_parallel
     if run.activation_checkpointing:
-        layers = p.layers * a * p.hidden  # every layer's input (the layer is rebuilt in backward: transient)
+        layers = p.layers * a * p.hidden / t  # every layer's input (the layer is rebuilt in backward: transient)
     else:
         layers = p.layers * per_layer
-    head = (4 * p.hidden + a * p.hidden) + a * p.hidden + 4 * run.vocab_size  # final norm, lm_head input, log-softmax
+    head = (4 * p.hidden + a * p.hidden) / t + a * p.hidden + 4 * run.vocab_size / t  # final norm, lm_head input, log-softmax
     return tokens * (layers + head)
 
 
@@ -110,10 +114,12 @@ def memory(run: RunShape) -> Memory:
     if run.parallelism in ("fsdp", "hsdp"):
         # One model copy is t tensor-parallel ranks x its data-parallel shard ranks.
         shard = total / (run.world_size if run.parallelism == "fsdp" else run.hsdp_shard_size * t)
-        root = 2 * run.vocab_size * p.hidden + p.hidden  # embeddings, output projection, final norm: whole
+        # The output unit (final norm and output projection, split by vocabulary) stays gathered from
+        # forward to backward; the embedding's unit is gathered only while it runs.
+        output = run.vocab_size * p.hidden / t + p.hidden
         layer = p.layer_parameters / t  # a block gathered by FSDP is still split by tensor parallel
         grad_copy = a + (MASTER_BYTES if a != MASTER_BYTES else 0)  # grad in compute dtype (+ fp32 copy to reduce)
-        gathered = a * (2 * layer + root) + grad_copy * max(layer, root)
+        gathered = a * (2 * layer + output) + grad_copy * max(layer, output)
         params, grads, optim = MASTER_BYTES * shard, MASTER_BYTES * shard, ADAM_BYTES * shard
     elif run.parallelism == "ddp":
         gathered = MASTER_BYTES * total + (a * total if a != MASTER_BYTES else 0)  # buckets, autocast copies
@@ -123,7 +129,7 @@ def memory(run: RunShape) -> Memory:
     # The logits and the loss's fp32 gradients, one layer's activation gradients and, with activation
     # checkpointing, the layer being rebuilt.
     layers = 2 if run.activation_checkpointing else 1
-    transient = tokens * ((a + 2 * 4) * run.vocab_size + layers * layer_activation_bytes_per_token(p, a, t))
+    transient = tokens * ((a + 2 * 4) * run.vocab_size / t + layers * layer_activation_bytes_per_token(p, a, t))
     return Memory(params, grads, optim, gathered, activation_bytes(run), transient)
 
 

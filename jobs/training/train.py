@@ -20,7 +20,6 @@ import time
 import zlib
 
 import torch
-import torch.nn.functional as F
 from atomic_file import write_atomic
 from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
@@ -31,7 +30,7 @@ from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, N
 from .config import Config, ConfigError, config_keys, load_config
 from .evaluate import Evaluator
 from .metrics import Metrics
-from .models import build_model, count_parameters, flops_per_token, init_weights, llama_config
+from .models import build_model, compute_loss, count_parameters, flops_per_token, init_weights, llama_config
 from .optim import build_optimizer, lr_at, set_lr
 from .signals import StopRequest
 from .watchdog import ProgressWatchdog
@@ -62,12 +61,6 @@ def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precisi
     with allocating:
         init_weights(model, model_config, d.device, cfg.train.seed)
         return model, build_optimizer(model, cfg.optim)
-
-
-def compute_loss(model, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of one micro-batch (fp32 logits)."""
-    logits = model(input_ids=inputs).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
 class Trainer:
@@ -184,7 +177,7 @@ class Trainer:
         inputs = batch["input_ids"].to(self.d.device, non_blocking=True)
         labels = batch["labels"].to(self.d.device, non_blocking=True)
         with (distributed.gradient_sync(self.model, sync_grads, self.cfg.train.grad_reduce),
-              distributed.autocast(self.d, self.cfg.train.parallelism)):
+              distributed.autocast(self.d, self.cfg.train.parallelism), distributed.loss_parallel(self.cfg.train)):
             loss = compute_loss(self.model, inputs, labels) / self.accum
             loss.backward()
         return loss.detach()

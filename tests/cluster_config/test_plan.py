@@ -152,7 +152,7 @@ def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path, wr
 def test_synth_stops_on_a_plan_that_cannot_fit(tmp_path, write_env):
     """A GPU with too little memory for the 7B models: loading the environment for synth fails."""
     write_env(tmp_path, "prod", plan={"gpu_memory_gib": 40})
-    with pytest.raises(PlanError, match=r"model1: needs 68 GiB per GPU, more than the 36 GiB usable"):
+    with pytest.raises(PlanError, match=r"model1: needs 67 GiB per GPU, more than the 36 GiB usable"):
         settings_for("prod", tmp_path)
 
 
