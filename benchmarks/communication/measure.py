@@ -14,7 +14,6 @@ collectives alongside; ``measure`` fails if the two counts differ.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -25,13 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from training import distributed
 from training.communication import Traffic
 from training.dry_run import fake_dist
-from training.models import llama_config
+from training.models import compute_loss, llama_config
 from training.train import build
-
-try:  # the trainer's loss (models.py with the sequence-parallel plan, train.py before it)
-    from training.models import compute_loss
-except ImportError:
-    from training.train import compute_loss
 
 _C10D = {  # process-group ops (FSDP2, DDP, torch.distributed calls)
     "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_coalesced_": "all_gather",
@@ -150,8 +144,7 @@ def _micro_batch(model, cfg, vocab_size: int, accumulation: int, *, last: bool) 
     """One forward and backward as the trainer runs it (``Trainer.forward_backward``)."""
     shape = (cfg.train.micro_batch_size, cfg.data.seq_len)
     inputs, labels = torch.randint(0, vocab_size, shape), torch.randint(0, vocab_size, shape)
-    loss_parallel = getattr(distributed, "loss_parallel", lambda train: contextlib.nullcontext())
-    with distributed.gradient_sync(model, last, cfg.train.grad_reduce), loss_parallel(cfg.train):
+    with distributed.gradient_sync(model, last, cfg.train.grad_reduce), distributed.loss_parallel(cfg.train):
         (compute_loss(model, inputs, labels) / accumulation).backward()
 
 
