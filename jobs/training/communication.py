@@ -246,25 +246,33 @@ def outer_traffic(preset: Preset, *, vocab_size: int, micro_batch: int, seq_len:
     return traffic
 
 
+def recomputed_layers(layers: int, activation_checkpointing: bool, every: int = 1) -> int:
+    """Decoder layers whose forward backward recomputes: layers 0, every, 2 x every, ... when checkpointing."""
+    return -(-layers // every) if activation_checkpointing else 0
+
+
 def step_traffic(preset: Preset, *, vocab_size: int, micro_batch: int, seq_len: int, accumulation: int, tp: int = 1,
                  dp: int, parallelism: str = "fsdp", hsdp_shard_size: int = 8, activation_checkpointing: bool = False,
-                 grad_reduce: str = "every_micro_batch", compute_bytes: int = 2,
-                 reduce_bytes: int = REDUCE_BYTES) -> Traffic:
+                 activation_checkpointing_every: int = 1, grad_reduce: str = "every_micro_batch",
+                 compute_bytes: int = 2, reduce_bytes: int = REDUCE_BYTES) -> Traffic:
     """The least collective traffic of one optimizer step of the whole model, per GPU.
 
-    ``accumulation`` micro-batches, each ``preset.layers`` x ``layer_traffic`` + ``outer_traffic``;
-    what is reduced only once per step (HSDP's all-reduce across replicas, deferred reduce-scatters)
-    counted on the last. Not counted: the gradient-norm all-reduces of a few scalars per step.
-    Per GPU time is ``bytes(dim)`` over the bus bandwidth of that dimension's links (``tp`` and
-    HSDP's ``dp_shard`` within a node, the rest across nodes).
+    ``accumulation`` micro-batches, each ``preset.layers`` x ``layer_traffic`` + ``outer_traffic``
+    (with ``activation_checkpointing_every`` = n only every n-th layer is checkpointed, the others
+    keep their activations and are not recomputed); what is reduced only once per step (HSDP's
+    all-reduce across replicas, deferred reduce-scatters) counted on the last. Not counted: the
+    gradient-norm all-reduces of a few scalars per step. Per GPU time is ``bytes(dim)`` over the bus
+    bandwidth of that dimension's links (``tp`` and HSDP's ``dp_shard`` within a node, the rest
+    across nodes).
     """
     common = dict(micro_batch=micro_batch, seq_len=seq_len, tp=tp, dp=dp, parallelism=parallelism,
                   hsdp_shard_size=hsdp_shard_size, grad_reduce=grad_reduce, compute_bytes=compute_bytes,
                   reduce_bytes=reduce_bytes)
+    recomputed = recomputed_layers(preset.layers, activation_checkpointing, activation_checkpointing_every)
 
     def micro(last: bool) -> Traffic:
-        layer = layer_traffic(preset, activation_checkpointing=activation_checkpointing, last_micro_batch=last,
-                              **common)
-        return layer * preset.layers + outer_traffic(preset, vocab_size=vocab_size, last_micro_batch=last, **common)
+        layers = (layer_traffic(preset, activation_checkpointing=True, last_micro_batch=last, **common) * recomputed
+                  + layer_traffic(preset, last_micro_batch=last, **common) * (preset.layers - recomputed))
+        return layers + outer_traffic(preset, vocab_size=vocab_size, last_micro_batch=last, **common)
 
     return micro(False) * (accumulation - 1) + micro(True)
