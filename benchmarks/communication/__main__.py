@@ -38,37 +38,38 @@ def _count(value: float) -> str:
 
 
 def table(report: LayoutReport) -> str:
-    """Markdown: per decoder layer per micro-batch (counts) and per step of the whole model (GiB per GPU)."""
-    per, fwd, ana = report.per_layer, report.per_layer_forward, report.per_layer_analytic
-    step, step_ana = report.step, report.step_analytic
-    keys = sorted({*per["micro_batch"].counts(), *per["last_micro_batch"].counts(), *ana["micro_batch"].counts(),
-                   *ana["last_micro_batch"].counts(), *step.counts(), *step_ana.counts()})
+    """Markdown: collectives per decoder layer per micro-batch, then GiB per GPU per step of the whole model."""
+    layers = ", ".join(f"{n} {kind}" for kind, n in report.layers.items())
     lines = [f"### {report.model}: {report.preset}, {report.layout}, {report.world_size} GPUs, micro-batch "
              f"{report.micro_batch_size} x {report.accumulation} accumulation, seq {report.seq_len}, activation "
-             f"checkpointing {'on' if report.activation_checkpointing else 'off'}",
+             f"checkpointing {report.activation_checkpointing} (decoder layers: {layers})",
              "",
-             "| dim | collective | per layer per micro-batch: measured (fwd + bwd) | minimum | last micro-batch: "
-             f"measured | minimum | GiB per GPU per step ({report.layers} layers): measured | minimum | ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for dim, kind in keys:
-        m, a = step.bytes(dim, kind), step_ana.bytes(dim, kind)
-        ratio = f"{m / a:.2f}" if a else "-"
-        count = per["micro_batch"].count(dim, kind)
-        forward = fwd["micro_batch"].count(dim, kind)
-        measured = f"{_count(count)} ({_count(forward)} + {_count(count - forward)})" if count else "0"
-        if not count and not per["last_micro_batch"].count(dim, kind) and not a:
-            measured = "0 (optimizer step only)"
-        lines.append(f"| {dim} | {kind} | {measured} | {_count(ana['micro_batch'].count(dim, kind))} | "
-                     f"{_count(per['last_micro_batch'].count(dim, kind))} | "
-                     f"{_count(ana['last_micro_batch'].count(dim, kind))} | {m / GIB:.2f} | {a / GIB:.2f} | {ratio} |")
-    ratios = report.ratios()
-    parts = []
-    for name, dims in (("tensor parallel", ("tp",)), ("data parallel", ("dp_shard", "dp_replicate"))):
-        key = "tp" if name.startswith("tensor") else "dp"
-        if ratios["step"][key] is None:
-            continue
-        parts.append(f"{name} {step.bytes(dims) / GIB:.2f} GiB vs minimum {step_ana.bytes(dims) / GIB:.2f} GiB "
-                     f"(ratio {ratios['step'][key]:.3f}; per layer {ratios['layer'][key]:.3f})")
+             "| decoder layer | dim | collective | per micro-batch: measured (fwd + bwd) | minimum | "
+             "last micro-batch: measured | minimum |",
+             "|---|---|---|---|---|---|---|"]
+    for kind, per in report.per_layer.items():
+        forward, analytic = report.per_layer_forward[kind], report.per_layer_analytic[kind]
+        keys = sorted({key for traffic in (*per.values(), *analytic.values()) for key in traffic.counts()})
+        for dim, collective in keys:
+            count, fwd = per["micro_batch"].count(dim, collective), forward["micro_batch"].count(dim, collective)
+            lines.append(f"| {kind} | {dim} | {collective} | {_count(count)} ({_count(fwd)} + {_count(count - fwd)}) | "
+                         f"{_count(analytic['micro_batch'].count(dim, collective))} | "
+                         f"{_count(per['last_micro_batch'].count(dim, collective))} | "
+                         f"{_count(analytic['last_micro_batch'].count(dim, collective))} |")
+    step, minimum = report.step, report.step_analytic
+    lines += ["", f"| dim | collective | per step ({report.accumulation} micro-batches, {sum(report.layers.values())} "
+              "layers): collectives | minimum | GiB per GPU | minimum | ratio |", "|---|---|---|---|---|---|---|"]
+    for dim, collective in sorted({*step.counts(), *minimum.counts()}):
+        m, a = step.bytes(dim, collective), minimum.bytes(dim, collective)
+        note = "" if minimum.count(dim, collective) else " (optimizer step: gradient norm)"
+        lines.append(f"| {dim} | {collective} | {_count(step.count(dim, collective))}{note} | "
+                     f"{_count(minimum.count(dim, collective))} | {m / GIB:.2f} | {a / GIB:.2f} | "
+                     f"{f'{m / a:.3f}' if a else '-'} |")
+    ratios, parts = report.ratios(), []
+    for name, key, dims in (("tensor parallel", "tp", ("tp",)), ("data parallel", "dp", ("dp_shard", "dp_replicate"))):
+        if ratios["step"][key] is not None:
+            parts.append(f"{name} {step.bytes(dims) / GIB:.2f} GiB vs minimum {minimum.bytes(dims) / GIB:.2f} GiB "
+                         f"(ratio {ratios['step'][key]:.3f}; decoder layers alone {ratios['layers'][key]:.3f})")
     lines += ["", "Per GPU per step: " + "; ".join(parts) + f". Measured in {report.seconds:.0f} s."]
     return "\n".join(lines)
 

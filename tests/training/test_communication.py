@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from training.communication import Traffic, layer_traffic, outer_traffic, ring_bytes, step_traffic
+from training.communication import (Traffic, layer_traffic, outer_traffic, recomputed_layers, ring_bytes,
+                                    step_traffic)
 from training.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +79,14 @@ def test_the_analytic_minimum_by_hand():
     for dim in ("dp_shard", "dp_replicate"):
         assert step.bytes(dim) == pytest.approx(expected.bytes(dim))
     assert step.count("dp_replicate") == p.layers + 2  # each layer, the embedding, the output unit
+    # Checkpointing 1 layer in 4 of 80: layers 0, 4 ... 76 recomputed, 60 not.
+    assert recomputed_layers(80, True, 4) == 20 and recomputed_layers(80, False, 4) == 0
+    p70 = PRESETS["llama2-70b"]
+    shape = dict(vocab_size=32000, accumulation=8, micro_batch=4, seq_len=4096, tp=8, dp=34,
+                 activation_checkpointing=True)
+    every4, all_layers = step_traffic(p70, **shape, activation_checkpointing_every=4), step_traffic(p70, **shape)
+    assert all_layers.count("tp", "all_gather") - every4.count("tp", "all_gather") == 8 * 60 * 2
+    assert all_layers.count("tp", "reduce_scatter") - every4.count("tp", "reduce_scatter") == 8 * 60 * 1
     assert ring_bytes("all_reduce", 100, 4) == 150 and ring_bytes("all_gather", 100, 4) == 75
     assert (Traffic.of("tp", "all_gather", 8, 2) * 3).count() == 3
 
@@ -103,14 +112,16 @@ def test_the_recorder_sees_what_comm_debug_mode_counts(model):
 
 
 def _check(layout, dims: tuple[str, ...], name: str) -> None:
-    """Collectives per layer per micro-batch as the minimum's, bytes per layer and per step within TOLERANCE."""
-    for phase in ("micro_batch", "last_micro_batch"):
-        measured = {k: v for k, v in layout.per_layer[phase].counts().items() if k[0] in dims}
-        analytic = {k: v for k, v in layout.per_layer_analytic[phase].counts().items() if k[0] in dims}
-        assert measured == analytic, f"{layout.model} {phase}: collectives per layer {measured}, minimum {analytic}"
+    """Collectives per layer per micro-batch as the minimum's, bytes of the layers and of the step within TOLERANCE."""
+    for kind, per in layout.per_layer.items():
+        for phase, traffic in per.items():
+            measured = {k: v for k, v in traffic.counts().items() if k[0] in dims}
+            analytic = {k: v for k, v in layout.per_layer_analytic[kind][phase].counts().items() if k[0] in dims}
+            assert measured == analytic, f"{layout.model} {kind} layer, {phase}: {measured}, minimum {analytic}"
     ratios = layout.ratios()
-    for scope in ("layer", "step"):
-        assert ratios[scope][name] <= TOLERANCE, f"{layout.model}: {name} bytes per {scope} x{ratios[scope][name]:.3f}"
+    for scope in ("layers", "step"):
+        ratio = ratios[scope][name]
+        assert ratio <= TOLERANCE, f"{layout.model}: {name} bytes of the {scope} x{ratio:.3f}"
 
 
 @pytest.mark.parametrize("model", LAYOUTS)
