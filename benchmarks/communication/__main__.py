@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "jobs"))
 
-from cli import ArgumentParser  # noqa: E402
+from cli import ArgumentParser, fail  # noqa: E402
+from cluster_config.settings import SettingsError  # noqa: E402
+from training.config import ConfigError  # noqa: E402
 
 from .layouts import LayoutReport, compare, production_layouts  # noqa: E402
 
@@ -82,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    models = args.model or production_layouts(args.env)
     reports = []
-    for model in models:
-        reports.append(compare(model, args.env))
-        print(table(reports[-1]), end="\n\n", flush=True)
+    try:
+        for model in args.model or production_layouts(args.env):
+            reports.append(compare(model, args.env))
+            print(table(reports[-1]), end="\n\n", flush=True)
+    except (ConfigError, SettingsError) as exc:
+        return fail(exc)
     seconds = time.perf_counter() - start
     result = {"machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
                           "device": "cpu: fake process group under FakeTensorMode (counts and sizes, no timing)"},
