@@ -224,11 +224,14 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
         warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
                         f"train.grad_reduce of {where} run `python -m training.dry_run {name} --env {settings.name}`")
     run = RunShape(preset, vocab, seq_len, micro, gpus, train.parallelism, train.activation_checkpointing,
-                   tensor_parallel=train.tensor_parallel, hsdp_shard_size=train.hsdp_shard_size)
+                   checkpoint_every=train.activation_checkpointing_every, tensor_parallel=train.tensor_parallel,
+                   hsdp_shard_size=train.hsdp_shard_size)
     row["memory"] = memory(run).gib()
     need = row["memory"]["total"]
     if need > usable_gib:
         fixes = [] if train.activation_checkpointing else ["set train.activation_checkpointing: true"]
+        if train.activation_checkpointing and train.activation_checkpointing_every > 1:
+            fixes.append(f"lower train.activation_checkpointing_every (now {train.activation_checkpointing_every})")
         if micro > 1:
             fixes.append(f"lower train.micro_batch_size (now {micro})")
         if train.parallelism == "ddp":

@@ -85,6 +85,9 @@ class TrainConfig(_Section):
         "every_micro_batch", description="fsdp/hsdp: reduce-scatter gradients after every micro-batch, or keep "
         "unsharded fp32 gradients (4 B x parameters per GPU) and reduce once per step; ddp always reduces once")
     activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
+    activation_checkpointing_every: int = Field(
+        1, gt=0, description="with activation_checkpointing: only every n-th decoder layer (1: all; 4: layers 0, 4, "
+        "8...), trading memory for less recomputation (torchtitan's selective layer checkpointing)")
     compile: Optional[bool] = Field(None, description="torch.compile each decoder layer; default: on GPU, off on CPU")
     seed: int = Field(0, description="weight-initialization seed")
     init_timeout_s: int = Field(300, gt=0, description="collective timeout until the first step is done (start-up)")

@@ -186,7 +186,7 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
             # The layer's own forward, so FSDP's and the checkpoint wrapper's hooks stay outside the
             # graph and state-dict keys do not change.
             layer.forward = torch.compile(layer.forward)
-        if train.activation_checkpointing:
+        if train.activation_checkpointing and i % train.activation_checkpointing_every == 0:
             layers[i] = checkpoint_wrapper(layer)
     if train.parallelism == "ddp":
         return DistributedDataParallel(model, device_ids=[d.device.index] if d.on_gpu else None)

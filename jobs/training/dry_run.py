@@ -56,7 +56,7 @@ class Report:
     layout: str  # e.g. "FSDP 112" or "FSDP 14 x TP 8"
     micro_batch_size: int
     accumulation: int
-    activation_checkpointing: bool
+    activation_checkpointing: str  # "off", "on" (every layer) or "on, 1 layer in 4"
     grad_sync: str  # "every micro-batch" or "last micro-batch"
     gpu_memory_gib: float
     categories: dict[str, int] = field(default_factory=dict)  # at the peak; sums to ``peak_bytes``
@@ -96,14 +96,14 @@ class Report:
         c = {k: v / GIB for k, v in self.categories.items()}
         c["other"] = self.other_bytes / GIB
         return (f"| {self.model} | {self.preset} | {self.layout} | {self.micro_batch_size} x {self.accumulation} | "
-                f"{'on' if self.activation_checkpointing else 'off'} | {c['parameters']:.1f} | {c['gradients']:.1f} | "
+                f"{self.activation_checkpointing} | {c['parameters']:.1f} | {c['gradients']:.1f} | "
                 f"{c['optimizer']:.1f} | {c['activations']:.1f} | {c['other']:.1f} | **{self.peak_gib:.1f}** | "
                 f"{100 * self.fraction:.0f} % |")
 
     def summary(self) -> str:
         lines = [f"{self.model} ({self.preset}): {self.layout}, micro-batch {self.micro_batch_size} x "
                  f"{self.accumulation} accumulation, activation checkpointing "
-                 f"{'on' if self.activation_checkpointing else 'off'}, gradients reduced {self.grad_sync}",
+                 f"{self.activation_checkpointing}, gradients reduced {self.grad_sync}",
                  f"  peak per GPU {self.peak_gib:.1f} GiB of {self.gpu_memory_gib:.0f} GiB "
                  f"({100 * self.fraction:.0f} %, limit {100 * (1 - HEADROOM):.0f} %): "
                  f"{'fits' if self.fits else 'DOES NOT FIT'}"]
@@ -205,9 +205,16 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     return Report(
         model=cfg.name, preset=cfg.model.preset, world_size=world_size, layout=layout,
         micro_batch_size=cfg.train.micro_batch_size, accumulation=accum,
-        activation_checkpointing=cfg.train.activation_checkpointing,
+        activation_checkpointing=_checkpointing(cfg),
         grad_sync="last micro-batch" if deferred else "every micro-batch", gpu_memory_gib=gpu_memory_gib,
         categories=categories, seconds=time.perf_counter() - start)
+
+
+def _checkpointing(cfg: Config) -> str:
+    every = cfg.train.activation_checkpointing_every
+    if not cfg.train.activation_checkpointing:
+        return "off"
+    return "on" if every == 1 else f"on, 1 layer in {every}"
 
 
 def _warm_up(model, optimizer, cfg: Config) -> None:

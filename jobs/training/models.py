@@ -70,11 +70,12 @@ def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, se
     model.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)
 
 
+WRAPPER_PARTS = {"module", "_checkpoint_wrapped_module", "_orig_mod"}  # DDP, activation checkpointing, torch.compile
+
+
 def canonical_name(name: str) -> str:
     """Parameter name without the wrappers' parts (DDP, activation checkpointing, torch.compile)."""
-    for part in ("module.", "_checkpoint_wrapped_module.", "_orig_mod."):
-        name = name.replace(part, "")
-    return name
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
 
 
 def param_seed(seed: int, name: str) -> int:

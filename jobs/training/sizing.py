@@ -60,6 +60,7 @@ class RunShape:
     world_size: int
     parallelism: str = "fsdp"  # "fsdp" (FSDP2 over every data-parallel rank), "hsdp" or "ddp"
     activation_checkpointing: bool = False
+    checkpoint_every: int = 1  # with activation checkpointing: every n-th layer (train.activation_checkpointing_every)
     tensor_parallel: int = 1
     hsdp_shard_size: int = 8  # hsdp: the data-parallel ranks one model copy is sharded over
     compute_bytes: int = 2  # bf16 on GPU; 4 when everything is fp32 (CPU)
@@ -98,12 +99,16 @@ def activation_bytes(run: RunShape) -> float:
     tokens = run.micro_batch * run.seq_len
     per_layer = layer_activation_bytes_per_token(p, a, run.tensor_parallel)
     t = run.tensor_parallel
-    if run.activation_checkpointing:
-        layers = p.layers * a * p.hidden / t  # every layer's input (the layer is rebuilt in backward: transient)
-    else:
-        layers = p.layers * per_layer
+    # A checkpointed layer keeps its input (it is rebuilt in backward: transient); the others keep everything.
+    checkpointed = checkpointed_layers(run)
+    layers = checkpointed * a * p.hidden / t + (p.layers - checkpointed) * per_layer
     head = (4 * p.hidden + a * p.hidden) / t + a * p.hidden + 4 * run.vocab_size / t  # final norm, lm_head input, log-softmax
     return tokens * (layers + head)
+
+
+def checkpointed_layers(run: RunShape) -> int:
+    """Decoder layers whose activations are recomputed: 0, n, 2n... (distributed.parallelize)."""
+    return -(-run.preset.layers // run.checkpoint_every) if run.activation_checkpointing else 0
 
 
 def memory(run: RunShape) -> Memory:
@@ -128,7 +133,7 @@ def memory(run: RunShape) -> Memory:
         raise ValueError(f"parallelism {run.parallelism!r}: expected fsdp, hsdp or ddp")
     # The logits and the loss's fp32 gradients, one layer's activation gradients and, with activation
     # checkpointing, the layer being rebuilt.
-    layers = 2 if run.activation_checkpointing else 1
+    layers = 2 if checkpointed_layers(run) else 1
     transient = tokens * ((a + 2 * 4) * run.vocab_size / t + layers * layer_activation_bytes_per_token(p, a, t))
     return Memory(params, grads, optim, gathered, activation_bytes(run), transient)
 

@@ -140,7 +140,8 @@ def test_halving_mfu_doubles_days_and_cost(tmp_path, write_env):
 
 
 def test_a_model_that_does_not_fit_in_gpu_memory_fails_with_the_fix(tmp_path, write_env):
-    settings = prod_with(tmp_path, write_env, "model7", {"train.activation_checkpointing": False})
+    settings = prod_with(tmp_path, write_env, "model7", {"train.activation_checkpointing": False,
+                                                         "train.micro_batch_size": 8})
     with pytest.raises(PlanError) as caught:
         check_plan(settings)
     message = str(caught.value)

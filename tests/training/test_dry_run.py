@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from training import distributed
 from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes, dry_run, fake_dist, load_model_config, main, measure_cpu,
@@ -93,7 +94,8 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cfg = load_model_config(CONFIGS / "tiny.yaml", ["train.parallelism=fsdp", "train.tensor_parallel=2",
-                                                    "model.preset=small"])
+                                                    "model.preset=small", "train.activation_checkpointing=true",
+                                                    "train.activation_checkpointing_every=3"])
     d = fake_dist(16)
     try:
         mesh = distributed.device_mesh(d, cfg.train)
@@ -103,6 +105,12 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
         q = model.model.layers[0].self_attn.q_proj.weight
         assert q.device_mesh.mesh_dim_names == ("dp_shard", "tp") and q.to_local().shape == (512 // 16, 512)
         assert len(optimizer.param_groups) == 2
+        # Sequence parallel: the norms are replicated on the tensor-parallel ranks, the output split by vocabulary.
+        norm = model.model.layers[0].input_layernorm.weight
+        assert norm.device_mesh.mesh_dim_names == ("dp_shard", "tp") and norm.placements[1].is_replicate()
+        assert model.lm_head.weight.placements[1].is_shard(0)
+        recomputed = [i for i, layer in enumerate(model.model.layers) if isinstance(layer, CheckpointWrapper)]
+        assert recomputed == [0, 3, 6]  # 1 layer in 3 of the 8
     finally:
         dist.destroy_process_group()
 

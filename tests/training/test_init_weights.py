@@ -189,3 +189,12 @@ def assert_partition(name: str, shape: tuple[int, int], blocks: list[tuple[tuple
         rows, cols = ((edges[i].index(offset[i]), edges[i].index(offset[i] + size[i])) for i in range(2))
         cover[slice(*rows), slice(*cols)] += 1
     assert bool((cover == 1).all()), name
+
+
+def test_wrapped_parameter_names_map_to_the_model_s_own():
+    """Activation checkpointing, DDP and torch.compile add parts to a name; the seed must not see them
+    (it once turned '_checkpoint_wrapped_module.' into '_checkpoint_wrapped_', re-seeding recomputed layers)."""
+    plain = "model.layers.0.self_attn.q_proj.weight"
+    for wrapped in ("module.model.layers.0._checkpoint_wrapped_module.self_attn.q_proj.weight",
+                    "model.layers.0._checkpoint_wrapped_module._orig_mod.self_attn.q_proj.weight"):
+        assert canonical_name(wrapped) == plain

@@ -17,6 +17,8 @@ STEPS = ("train.steps=8", "checkpoint.every=4", "log.interval=1", "train.micro_b
          "optim.warmup_steps=2", "data.num_workers=0")
 FSDP = ("train.parallelism=fsdp",)
 FSDP_TP = ("train.parallelism=fsdp", "train.tensor_parallel=2")
+# model7's form: sequence-parallel TP with 1 layer in 2 recomputed (the tiny model has 2 layers)
+FSDP_TP_SELECTIVE = (*FSDP_TP, "train.activation_checkpointing=true", "train.activation_checkpointing_every=2")
 DDP = ("train.parallelism=ddp",)
 HSDP = ("train.parallelism=hsdp", "train.hsdp_shard_size=2")  # 2 replicas x 2 shards
 # fp32 on CPU: layouts sum the same numbers in different orders (gloo all-reduce vs reduce-scatter,
@@ -48,7 +50,8 @@ def resume_from(tmp_path, name: str, source: Run, step: int) -> Run:
 def layouts(tiny_data, tmp_path_factory) -> dict[str, Run]:
     """8 steps of each layout on 4 processes, checkpoints at steps 4 and 8."""
     runs = {}
-    for name, layout in (("fsdp_tp", FSDP_TP), ("fsdp", FSDP), ("ddp", DDP), ("hsdp", HSDP)):
+    for name, layout in (("fsdp_tp", FSDP_TP), ("fsdp", FSDP), ("ddp", DDP), ("hsdp", HSDP),
+                         ("fsdp_tp_selective", FSDP_TP_SELECTIVE)):
         run = Run(tmp_path_factory.mktemp(name))
         assert run.run(tiny_data, *STEPS, *layout, nproc=4) == 0, run.output[-4000:]
         runs[name] = run
@@ -61,6 +64,7 @@ def test_fsdp_x_tensor_parallel_and_hsdp_match_fsdp_and_ddp(layouts):
     assert_close(tp, fsdp)
     assert_close(tp, ddp)
     assert_close(hsdp, fsdp)
+    assert_close(losses(layouts["fsdp_tp_selective"]), fsdp)
     assert "fsdp x tensor parallel 2 over 4 ranks" in layouts["fsdp_tp"].output
 
 
