@@ -89,6 +89,8 @@ class TrainConfig(_Section):
         1, gt=0, description="with activation_checkpointing: only every n-th decoder layer (1: all; 4: layers 0, 4, "
         "8...), trading memory for less recomputation (torchtitan's selective layer checkpointing)")
     compile: Optional[bool] = Field(None, description="torch.compile each decoder layer; default: on GPU, off on CPU")
+    async_tp: bool = Field(False, description="tensor parallel: overlap its all-gathers and reduce-scatters with the "
+                           "matmuls (torch.compile's micro-pipeline pass, symmetric memory over NVLink; GPU only)")
     seed: int = Field(0, description="weight-initialization seed")
     init_timeout_s: int = Field(300, gt=0, description="collective timeout until the first step is done (start-up)")
     timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
@@ -139,6 +141,9 @@ class Config(_Section):
                 f"train.micro_batch_size {self.train.micro_batch_size}"
             )
         tp = self.train.tensor_parallel
+        if self.train.async_tp and tp == 1:
+            raise ValueError("train.async_tp overlaps tensor-parallel communication: set train.tensor_parallel > 1 "
+                             "or train.async_tp: false")
         if tp > 1:
             if self.train.parallelism == "ddp":
                 raise ValueError("train.tensor_parallel > 1 needs train.parallelism fsdp or hsdp; ddp replicates whole layers")
@@ -148,6 +153,9 @@ class Config(_Section):
                 if n % tp:
                     raise ValueError(f"train.tensor_parallel {tp} does not divide preset {self.model.preset}'s "
                                      f"{what} ({n}); use a divisor of it (e.g. 2, 4 or 8)")
+            if self.train.async_tp and self.train.compile is False:
+                raise ValueError("train.async_tp needs train.compile (the overlap is a compiler pass); remove "
+                                 "train.compile: false or set train.async_tp: false")
             if self.data.seq_len % tp:  # sequence parallelism splits every sequence over the tensor-parallel ranks
                 raise ValueError(f"train.tensor_parallel {tp} does not divide data.seq_len {self.data.seq_len}; "
                                  f"use a seq_len that is a multiple of it")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
+import torch._inductor.config
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -176,6 +177,8 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     mixed_precision = d.on_gpu if mixed_precision is None else mixed_precision
     compile = (train.compile if train.compile is not None else d.on_gpu) if compile is None else compile
     layers = model.model.layers
+    if train.async_tp:  # the compiled layers fuse each all-gather/reduce-scatter with its matmul (torchtitan's switch)
+        torch._inductor.config._micro_pipeline_tp = True
     if train.tensor_parallel > 1:
         parallelize_module(model, mesh["tp"], MODEL_PLAN)
         parallelize_module(layers[0], mesh["tp"], SPLIT_SEQUENCE)

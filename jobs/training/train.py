@@ -79,6 +79,8 @@ class Trainer:
         if d.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
 
+        if cfg.train.async_tp and not d.on_gpu:
+            raise ConfigError("train.async_tp needs GPUs (symmetric memory over NVLink); set train.async_tp: false here")
         meta = read_dataset_meta(cfg.data.path)
         vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
         check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)

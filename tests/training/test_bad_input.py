@@ -49,3 +49,10 @@ def test_fresh_start_then_a_checkpoint_of_another_preset_is_refused(run, tiny_da
 def test_bad_setting_fails_before_any_work(run, tiny_data, override, message):
     assert run.run(tiny_data, override, nproc=1) != 0
     assert message in run.output
+
+
+def test_async_tensor_parallel_on_cpu_is_refused_with_the_fix(run, tiny_data):
+    """Async TP is a GPU-only compiler pass: asked for on CPU, the job stops with exit 2 rather than run without it."""
+    code = run.run(tiny_data, "train.parallelism=fsdp", "train.tensor_parallel=2", "train.async_tp=true", nproc=2)
+    assert code != 0
+    assert "train.async_tp needs GPUs (symmetric memory over NVLink); set train.async_tp: false here" in run.output

@@ -38,6 +38,11 @@ def test_file_then_overrides_and_per_model_directories():
     (["train.micro_batch_size=5"], "train.global_batch_size 32 is not a multiple of train.micro_batch_size 5"),
     (["optim.min_lr=1.0"], "optim.min_lr 1.0 is above optim.lr"),
     (["checkpoint.keep=0"], "checkpoint.keep: Input should be greater than 0 (got 0)"),
+    (["train.parallelism=fsdp", "train.tensor_parallel=2", "data.seq_len=127"],
+     "train.tensor_parallel 2 does not divide data.seq_len 127"),
+    (["train.async_tp=true"], "train.async_tp overlaps tensor-parallel communication: set train.tensor_parallel > 1"),
+    (["train.parallelism=fsdp", "train.tensor_parallel=2", "train.async_tp=true", "train.compile=false"],
+     "train.async_tp needs train.compile"),
     (["steps"], "override 'steps' is not section.key=value"),
     (["train.steps.max=1"], "override 'train.steps.max=1': steps is not a section"),
 ])

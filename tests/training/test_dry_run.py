@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._inductor.config
 import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
@@ -95,7 +96,7 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
 
     cfg = load_model_config(CONFIGS / "tiny.yaml", ["train.parallelism=fsdp", "train.tensor_parallel=2",
                                                     "model.preset=small", "train.activation_checkpointing=true",
-                                                    "train.activation_checkpointing_every=3"])
+                                                    "train.activation_checkpointing_every=3", "train.async_tp=true"])
     d = fake_dist(16)
     try:
         mesh = distributed.device_mesh(d, cfg.train)
@@ -111,7 +112,9 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
         assert model.lm_head.weight.placements[1].is_shard(0)
         recomputed = [i for i, layer in enumerate(model.model.layers) if isinstance(layer, CheckpointWrapper)]
         assert recomputed == [0, 3, 6]  # 1 layer in 3 of the 8
+        assert torch._inductor.config._micro_pipeline_tp  # async TP: the compiler's overlap pass is on
     finally:
+        torch._inductor.config._micro_pipeline_tp = False
         dist.destroy_process_group()
 
 
