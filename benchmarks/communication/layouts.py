@@ -109,7 +109,7 @@ def compare(model: str, env: str = "prod", *, world_size: int | None = None) -> 
     world_size = world_size or planned
     vocab = cfg.model.vocab_size or DEFAULT_VOCAB
     checkpointing = train.activation_checkpointing
-    every = getattr(train, "activation_checkpointing_every", 1) if checkpointing else 1  # where configs have it
+    every = train.activation_checkpointing_every if checkpointing else 1
     runs = {n: measure(cfg, world_size, layers=n, vocab_size=vocab) for n in sorted({1, 2, every + 1})}
 
     def layers_and_rest(part: str) -> tuple[dict[str, dict[str, Traffic]], dict[str, Traffic]]:
