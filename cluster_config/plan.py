@@ -7,8 +7,11 @@ and works out:
 
 - tokens to train (steps x global batch x seq_len) and training FLOPs (6 x matmul parameters +
   causal attention per token, as MFU counts them in ``jobs/training/metrics.py``);
-- days and dollars to finish at the MFU the settings assume (``plan.mfu``), flagged when later than
-  ``plan.deadline_days``;
+- its MFU, estimated from the layout (``estimate_mfu``): the compute at ``plan.mfu`` (the MFU of a
+  step whose communication is hidden), plus the recomputation activation checkpointing adds, plus
+  the communication that is not hidden (tensor parallel's, on the critical path; data parallel's
+  beyond the compute it overlaps), counted by ``jobs/training/communication.py``;
+- days and dollars to finish at that MFU, flagged when later than ``plan.deadline_days``;
 - memory per GPU from the analytic model in ``jobs/training/sizing.py``, against the GPU's memory
   less ``plan.memory_headroom``;
 - checkpoint size, how long one save takes at the checkpoint file system's throughput, and how far
@@ -26,7 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from training.presets import PRESETS  # the model shapes and the memory model: torch-free, from jobs/
+from training.communication import recomputed_layers, step_traffic
+from training.presets import PRESETS, Preset  # the model shapes and the memory model: torch-free, from jobs/
 from training.sizing import GIB, RunShape, checkpoint_bytes, memory
 
 from cluster_config.model_jobs import model_config
@@ -42,17 +46,82 @@ class Gpu:
     name: str
     memory_gib: float  # nvidia-smi memory.total
     peak_tflops: float  # dense bf16, vendor datasheet (the MFU denominator of jobs/training/metrics.py)
+    # Link rates per GPU and direction, GB/s: within the node (NVLink; PCIe where there is none) and
+    # across nodes (the instance's EFA bandwidth / its GPUs). Collectives reach BUS_EFFICIENCY of them.
+    node_link_gb_s: float = 0.0
+    network_gb_s: float = 0.0
 
 
+# NVLink 4 (H100/H200 SXM): 900 GB/s per GPU, 450 each way; NVLink 3 (A100): 600, 300 each way.
+# EFA: p5/p5e/p5en 3,200 Gbps per instance, p4d/p4de 400 Gbps, g5.48xlarge 100 Gbps (EC2 instance types).
 GPUS = {
-    "p5e.48xlarge": Gpu("H200", 143771 / 1024, 989),
-    "p5en.48xlarge": Gpu("H200", 143771 / 1024, 989),
-    "p5.48xlarge": Gpu("H100", 81559 / 1024, 989),
-    "p4de.24xlarge": Gpu("A100-80GB", 81920 / 1024, 312),
-    "p4d.24xlarge": Gpu("A100-40GB", 40960 / 1024, 312),
-    "g5.12xlarge": Gpu("A10G", 23028 / 1024, 125),
-    "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125),
+    "p5e.48xlarge": Gpu("H200", 143771 / 1024, 989, 450, 3200 / 8 / 8),
+    "p5en.48xlarge": Gpu("H200", 143771 / 1024, 989, 450, 3200 / 8 / 8),
+    "p5.48xlarge": Gpu("H100", 81559 / 1024, 989, 450, 3200 / 8 / 8),
+    "p4de.24xlarge": Gpu("A100-80GB", 81920 / 1024, 312, 300, 400 / 8 / 8),
+    "p4d.24xlarge": Gpu("A100-40GB", 40960 / 1024, 312, 300, 400 / 8 / 8),
+    "g5.12xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 40 / 8 / 4),
+    "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 100 / 8 / 8),
 }
+# Bus bandwidth NCCL's ring all-gather/reduce-scatter reach, as a share of the link rate: nccl-tests on
+# 8 x H100 report ~360-480 GB/s of bus bandwidth on 450 GB/s links (the higher with NVLink SHARP).
+BUS_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Seconds per optimizer step on each GPU, by what the GPU waits for, and the MFU that follows."""
+
+    compute_s: float  # the step's FLOPs (with recomputation) at plan.mfu
+    tensor_parallel_s: float  # TP collectives: on the critical path (their overlap, async TP, is not modelled)
+    data_parallel_s: float  # FSDP/HSDP collectives, overlapped with compute
+    mfu: float
+
+    @property
+    def exposed_data_parallel_s(self) -> float:
+        return max(0.0, self.data_parallel_s - self.compute_s)
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.tensor_parallel_s + self.exposed_data_parallel_s
+
+
+def estimate_mfu(preset: Preset, train, *, vocab: int, seq_len: int, gpus: int, gpus_per_node: int, gpu: Gpu,
+                 compute_mfu: float) -> StepEstimate:
+    """One step of ``train`` (the model's training config) on ``gpus``: where the time goes, and its MFU.
+
+    MFU counts the model's FLOPs only (6 x matmul parameters + attention per token, as the trainer
+    reports it). The step also recomputes the forward of every checkpointed layer (2 x its matmul
+    parameters + 4 x hidden x seq_len per token) and waits for what its communication does not
+    overlap: tensor parallel's all-gathers and reduce-scatters (inside a node), and the part of the
+    data-parallel traffic longer than the compute (FSDP prefetches one layer ahead; HSDP's shard
+    group is one node, its replicas and FSDP's shards span nodes).
+    """
+    tp = train.tensor_parallel
+    dp = gpus // tp
+    accum = train.global_batch_size // (train.micro_batch_size * dp)
+    tokens = train.global_batch_size * seq_len / gpus  # per GPU; a TP group shares its tokens
+    useful = tokens * preset.flops_per_token(vocab, seq_len)
+    recomputed = recomputed_layers(preset.layers, train.activation_checkpointing, train.activation_checkpointing_every)
+    layer_forward = (2 * (preset.layer_parameters - 2 * preset.hidden) + 4 * preset.hidden * seq_len)
+    recompute = tokens * recomputed * layer_forward
+    peak = gpu.peak_tflops * 1e12
+    compute_s = (useful + recompute) / (peak * compute_mfu)
+    traffic = step_traffic(preset, vocab_size=vocab, micro_batch=train.micro_batch_size, seq_len=seq_len,
+                           accumulation=accum, tp=tp, dp=dp, parallelism=train.parallelism,
+                           hsdp_shard_size=train.hsdp_shard_size,
+                           activation_checkpointing=train.activation_checkpointing,
+                           activation_checkpointing_every=train.activation_checkpointing_every,
+                           grad_reduce=train.grad_reduce)
+    if not (gpu.node_link_gb_s and gpu.network_gb_s):  # an unknown instance type: communication not modelled
+        return StepEstimate(compute_s, 0.0, 0.0, useful / (compute_s * peak))
+    node, network = gpu.node_link_gb_s * BUS_EFFICIENCY * 1e9, gpu.network_gb_s * BUS_EFFICIENCY * 1e9
+    shard_inside_node = train.parallelism == "hsdp" and train.hsdp_shard_size * tp <= gpus_per_node
+    tp_s = traffic.bytes("tp") / node
+    dp_s = (traffic.bytes("dp_shard") / (node if shard_inside_node else network)
+            + traffic.bytes("dp_replicate") / network)
+    estimate = StepEstimate(compute_s, tp_s, dp_s, 0.0)
+    return StepEstimate(compute_s, tp_s, dp_s, useful / (estimate.step_s * peak))
 
 
 class PlanError(SettingsError):
@@ -70,6 +139,7 @@ class ModelRow:
     tokens: float = 0.0
     flops: float = 0.0
     days: float = 0.0
+    mfu: float = 0.0  # estimated (estimate_mfu)
     step_s: float = 0.0
     memory: dict[str, float] = field(default_factory=dict)  # GiB per GPU by category, and "total"
     checkpoint_bytes: float = 0.0
@@ -137,7 +207,9 @@ def gpu_of(settings: Settings) -> Gpu | None:
     tflops = settings.plan.gpu_peak_tflops or (known.peak_tflops if known else None)
     if memory_gib is None or tflops is None:
         return None
-    return Gpu(known.name if known else "GPU", memory_gib, tflops)
+    if known is None:
+        return Gpu("GPU", memory_gib, tflops)
+    return Gpu(known.name, memory_gib, tflops, known.node_link_gb_s, known.network_gb_s)
 
 
 def build_plan(settings: Settings) -> Plan:
@@ -216,9 +288,10 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
     if gpu is None:
         return ModelRow(**row), errors, warnings
-    cluster_flops_s = gpus * gpu.peak_tflops * 1e12 * settings.plan.mfu
-    row["days"] = flops / cluster_flops_s / 86400
-    row["step_s"] = flops / steps / cluster_flops_s
+    step = estimate_mfu(preset, train, vocab=vocab, seq_len=seq_len, gpus=gpus,
+                        gpus_per_node=settings.gpu_queue.gpus_per_instance, gpu=gpu, compute_mfu=settings.plan.mfu)
+    row["mfu"], row["step_s"] = step.mfu, step.step_s
+    row["days"] = step.step_s * steps / 86400
     row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600
     if train.grad_reduce != "every_micro_batch":
         warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
@@ -246,7 +319,7 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     if deadline and row["days"] > deadline:
         nodes_needed = math.ceil(base["nodes"] * row["days"] / deadline)
         steps_fit = int(steps * deadline / row["days"])
-        warnings.append(f"{name}: finishes in {row['days']:.1f} days at {settings.plan.mfu:.0%} MFU, after "
+        warnings.append(f"{name}: finishes in {row['days']:.1f} days at {row['mfu']:.0%} MFU (estimated), after "
                         f"plan.deadline_days {deadline:g}; lower steps to {steps_fit:,} or fewer in {where}, "
                         f"or give it {nodes_needed} nodes")
     return ModelRow(**row), errors, warnings
@@ -284,20 +357,20 @@ def format_plan(plan: Plan) -> str:
     deadline = f", deadline {plan.deadline_days:g} days" if plan.deadline_days else ""
     lines = [
         f"Plan for {plan.env}: {plan.nodes} x {plan.instance_type}{gpu} of max {plan.max_count}{reserved}; "
-        f"assumes {plan.mfu:.0%} MFU{deadline}",
+        f"MFU estimated per model from {plan.mfu:.0%} with communication hidden{deadline}",
         f"  {'model':<8} {'preset':<11} {'nodes':>5} {'GPUs':>4} {'params':>6} {'tokens':>6} {'tok/p':>5} {'FLOPs':>7} "
-        f"{'days':>5} {'$/hour':>8} {'$ to finish':>11} {'GiB/GPU':>7} {'ckpt GB':>7} {'save s':>6} {'every h':>7}",
+        f"{'MFU':>4} {'days':>5} {'$/hour':>8} {'$ to finish':>11} {'GiB/GPU':>7} {'ckpt GB':>7} {'save s':>6} {'every h':>7}",
     ]
     for r in plan.rows:
         mem = r.memory.get("total", 0.0)
         lines.append(
             f"  {r.name:<8} {r.preset:<11} {r.nodes:>5} {r.gpus:>4} {_si(r.parameters):>6} {_si(r.tokens):>6} "
             f"{(r.tokens / r.parameters if r.parameters else 0):>5.0f} "
-            f"{r.flops:>7.2g} {r.days:>5.1f} {r.cost_per_hour_usd:>8,.0f} {r.cost_to_finish_usd:>11,.0f} "
+            f"{r.flops:>7.2g} {r.mfu:>4.0%} {r.days:>5.1f} {r.cost_per_hour_usd:>8,.0f} {r.cost_to_finish_usd:>11,.0f} "
             f"{mem:>7.1f} {r.checkpoint_bytes / 1e9:>7,.0f} {r.save_s:>6.0f} {r.checkpoint_every_h:>7.1f}")
     lines.append(
         f"  {'total':<8} {'':<11} {plan.nodes:>5} {plan.gpus:>4} {'':>6} {_si(sum(r.tokens for r in plan.rows)):>6} {'':>5} "
-        f"{sum(r.flops for r in plan.rows):>7.2g} {plan.days:>5.1f} {plan.cost_per_hour_usd:>8,.0f} "
+        f"{sum(r.flops for r in plan.rows):>7.2g} {'':>4} {plan.days:>5.1f} {plan.cost_per_hour_usd:>8,.0f} "
         f"{plan.cost_to_finish_usd:>11,.0f}")
     if plan.gpu and any(r.memory for r in plan.rows):
         lines.append(f"  memory per GPU, GiB (analytic, jobs/training/sizing.py), usable {plan.usable_gib:.0f} of "
