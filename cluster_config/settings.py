@@ -352,8 +352,10 @@ class ModelPlan(_Strict):
 class PlanSettings(_Strict):
     """Assumptions of the plan (``python -m cluster_config plan``): how fast, by when, how big."""
 
-    # Model FLOPs utilization the run is expected to reach. 0.40: Meta trained Llama 3 405B at
-    # 38-43 % BF16 MFU on 8,192-16,384 H100 ("The Llama 3 Herd of Models", 2024, Table 4).
+    # Model FLOPs utilization of a step whose communication is hidden and which recomputes nothing;
+    # each model's own MFU is estimated from it and its layout (cluster_config/plan.py: estimate_mfu).
+    # 0.40: Meta trained Llama 3 405B at 38-43 % BF16 MFU on 8,192-16,384 H100 ("The Llama 3 Herd of
+    # Models", 2024, Table 4); torchtitan's Llama 3.1 8B FSDP runs reach 33-39 %.
     mfu: float = Field(0.40, gt=0, le=1)
     deadline_days: Optional[float] = Field(None, gt=0)  # flag models that finish later than this
     vocab_size: int = Field(32000, gt=0)  # the tokenizer's vocabulary (Llama 2's: 32,000)
