@@ -24,6 +24,14 @@ save that does not fit is skipped with a warning naming the path and the numbers
 on; ``latest`` still names the previous checkpoint); a final save that does not fit raises
 ``NoRoomForCheckpoint`` (exit 2: a human must make room). A save that fails anyway (the disk
 filled while writing) is logged and its partial folder removed; ``latest`` is never touched.
+
+HSDP: the replicas (``dp_replicate``) hold identical shards of model and optimizer, so only
+replica 0 touches them on disk. On resume its ranks read them and broadcast every tensor to the
+ranks holding the same shard in the other replicas (the mesh's ``dp_replicate`` group); on save
+the other replicas pass DCP only their per-rank items and ``step``, so they stage nothing big
+(DCP would write one copy anyway). Per-rank items (``rank<N>``: RNG, loader position) and
+``step`` are read and written by every rank. For model5/6 (12 replicas) a resume reads 222 GB
+once instead of 2.7 TB: ~31 s at the file system's 7.2 GB/s instead of ~6 min.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ STEP_DIR = re.compile(r"step_(\d{8})")
 
 
 SPACE_MARGIN = 1.05  # DCP metadata and file-system block rounding on top of the tensors' bytes
+# Keys of the state whose tensors are sharded over dp_shard and identical across HSDP replicas;
+# every other key (``step``, ``rank<N>``) belongs to each rank.
+REPLICATED = ("model", "optim")
 
 
 class CheckpointMismatch(RuntimeError):
@@ -68,10 +79,18 @@ class NothingLoadable(RuntimeError):
 
 
 class Checkpointer:
-    def __init__(self, directory: str | os.PathLike, *, keep: int, async_save: bool, d: Dist, identity: dict):
+    """``replicate_group``: under HSDP, this rank's group of the mesh's ``dp_replicate`` dimension
+    (the ranks holding the same shards, replica 0 first); None without replicas."""
+
+    def __init__(self, directory: str | os.PathLike, *, keep: int, async_save: bool, d: Dist, identity: dict,
+                 replicate_group: dist.ProcessGroup | None = None):
         self.dir = Path(directory)
         self.keep, self.async_save, self.d = keep, async_save, d
         self.identity = identity  # what must match to resume: preset, shape, vocabulary
+        if replicate_group is not None and dist.get_world_size(replicate_group) == 1:
+            replicate_group = None  # one replica: nothing to share
+        self.replicate_group = replicate_group
+        self.replica = dist.get_rank(replicate_group) if replicate_group is not None else 0
         self._pending: tuple[Future, int, float] | None = None
         # One stager for the whole run, so pinned CPU buffers are allocated once (GPU only).
         self._stager = DefaultStager(StagingOptions(d.on_gpu, False, False, False)) if async_save else None
@@ -93,13 +112,14 @@ class Checkpointer:
             log.warning("%s: skipping this checkpoint, training goes on and `latest` stays at step %d. Free space "
                         "there or lower checkpoint.keep", problem, self.latest_step())
             return time.perf_counter() - start
+        own = self._own(state)
         if self.async_save and not wait:
-            future = dcp.async_save(state, checkpoint_id=path, process_group=self.d.checkpoint_group,
+            future = dcp.async_save(own, checkpoint_id=path, process_group=self.d.checkpoint_group,
                                     async_stager=self._stager)
             self._pending = (future, step, start)
         else:
             try:
-                dcp.save(state, checkpoint_id=path, process_group=self.d.checkpoint_group)
+                dcp.save(own, checkpoint_id=path, process_group=self.d.checkpoint_group)
             except (Exception, dcp.CheckpointException) as exc:
                 self._failed(step, exc)
                 raise NoRoomForCheckpoint(f"the final checkpoint {path} could not be written ({_first_line(exc)}); "
@@ -107,8 +127,17 @@ class Checkpointer:
             self._commit(step, start)
         return time.perf_counter() - start
 
+    def _own(self, state: dict) -> dict:
+        """The part of ``state`` this rank reads and writes itself: all of it, except on HSDP replicas
+        other than 0, which keep only their per-rank items and ``step`` (replica 0 has the same shards)."""
+        if self.replica == 0:
+            return state
+        return {k: v for k, v in state.items() if k not in REPLICATED}
+
     def _no_room(self, step: int, state: dict) -> str:
-        """Why ``state`` does not fit in the checkpoint file system ('' if it does); the same on every rank."""
+        """Why ``state`` does not fit in the checkpoint file system ('' if it does); the same on every rank.
+
+        Rank 0 is in replica 0, so it sizes the whole state: each tensor once, at its global size."""
         numbers = torch.zeros(2, dtype=torch.float64)
         if self.d.is_main:
             usage = shutil.disk_usage(self.dir)
@@ -207,7 +236,9 @@ class Checkpointer:
         nothing loads, ``NothingLoadable`` names every checkpoint and why: the run must not quietly
         start again from step 0 and then prune good checkpoints it could not read.
 
-        Every rank reaches the same answer: DCP raises on every rank if any rank fails to read.
+        Every rank reaches the same answer: DCP raises on every rank if any rank fails to read
+        (under HSDP only replica 0 reads model and optimizer; a failure there skips the checkpoint
+        on every rank too).
         """
         latest = self.latest_step()
         if latest < 0:
@@ -220,6 +251,7 @@ class Checkpointer:
             log.info("no checkpoint in %s: starting from step 0", self.dir)
             return None
         failures: list[tuple[int, str]] = []
+        start = time.perf_counter()
         for step in reversed([s for s in self.steps() if s <= latest]):
             path = self.step_dir(step)
             saved = self._read_meta(step)
@@ -229,19 +261,15 @@ class Checkpointer:
                 why = f"has an unreadable {META}"
             else:
                 self._check_identity(step, saved)
-                try:
-                    dcp.load(state(saved) if callable(state) else state, checkpoint_id=path,
-                             process_group=self.d.checkpoint_group)
-                    why = ""
-                # DCP reports a failed read on any rank as CheckpointException (a BaseException) on every rank.
-                except (Exception, dcp.CheckpointException) as exc:
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                    why = f"could not be read ({type(exc).__name__}: {first})"
+                target = state(saved) if callable(state) else state
+                why = self._read(target, path)
             if why:
                 log.warning("checkpoint %s %s; trying the previous one", path, why)
                 failures.append((step, why))
                 continue
-            log.info("resumed from %s", path)
+            # Outside _read: a failed broadcast is a broken job (requeue), not an unreadable checkpoint.
+            self._from_replica_0(target)
+            log.info("resumed from %s in %.1f s", path, time.perf_counter() - start)
             self._set_aside([s for s, _ in failures])
             return step
         detail = "; ".join(f"{self.step_dir(s).name}: {why}" for s, why in failures) or "no step folders"
@@ -249,6 +277,50 @@ class Checkpointer:
             f"'{LATEST}' in {self.dir} names step {latest} but no checkpoint loads ({detail}). Nothing was "
             f"changed. Fix or restore a checkpoint (e.g. from the S3 backup), or move the folder away to "
             f"start again from step 0")
+
+    def _read(self, state: dict, path: Path) -> str:
+        """Read this rank's part of ``state`` from ``path``; why it could not ('' if it could)."""
+        own = self._own(state)
+        try:
+            dcp.load(own, checkpoint_id=path, process_group=self.d.checkpoint_group)
+        # DCP reports a failed read on any rank as CheckpointException (a BaseException) on every rank.
+        except (Exception, dcp.CheckpointException) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return f"could not be read ({type(exc).__name__}: {first})"
+        state.update(own)  # DCP puts non-tensor values (``step``) into the dict it is given, a copy on replicas > 0
+        return ""
+
+    def _from_replica_0(self, state: dict) -> None:
+        """Give the other HSDP replicas replica 0's model and optimizer state, just read from disk.
+
+        Each rank receives from the rank of replica 0 that holds its shard: one broadcast per tensor
+        over the ``dp_replicate`` group, in place (DTensors: their local shard). The optimizer's
+        hyperparameters (param groups) follow in one message, so every replica resumes with the
+        checkpoint's, as replica 0 does.
+        """
+        if self.replicate_group is None:
+            return
+        start = time.perf_counter()
+        leaves = [leaf for key in REPLICATED if key in state for leaf in _leaves(state[key])]
+        with torch.no_grad():
+            for _, _, value in leaves:
+                if isinstance(value, torch.Tensor):
+                    self._broadcast(value.to_local() if isinstance(value, DTensor) else value)
+        others = [(tree, key) for tree, key, value in leaves if not isinstance(value, torch.Tensor)]
+        values = [[tree[key] for tree, key in others]]
+        dist.broadcast_object_list(values, group=self.replicate_group, group_src=0)
+        for (tree, key), value in zip(others, values[0]):
+            tree[key] = value
+        log.info("model and optimizer state sent from replica 0 to the other %d replica(s) in %.1f s",
+                 dist.get_world_size(self.replicate_group) - 1, time.perf_counter() - start)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        """Replica 0's ``tensor`` into this rank's, in place. Through a copy where needed: collectives take
+        contiguous tensors, and on GPU the mesh's groups are NCCL only (Adam's ``step`` is on the CPU)."""
+        buffer = tensor.to(self.d.device).contiguous()  # ``tensor`` itself when it already is both
+        dist.broadcast(buffer, group=self.replicate_group, group_src=0)
+        if buffer is not tensor:
+            tensor.copy_(buffer)
 
     def _set_aside(self, steps: list[int]) -> None:
         """Rename skipped newer checkpoints so a later save of the same step does not overwrite them."""
@@ -286,6 +358,15 @@ def state_bytes(state) -> int:
     if isinstance(state, (torch.Tensor, DTensor)):
         return state.numel() * state.element_size()
     return 0
+
+
+def _leaves(tree: dict | list):
+    """(container, key, value) of each leaf of nested dicts and lists, in the same order on every rank."""
+    for key, value in tree.items() if isinstance(tree, dict) else enumerate(tree):
+        if isinstance(value, dict | list):
+            yield from _leaves(value)
+        else:
+            yield tree, key, value
 
 
 def _first_line(exc: BaseException) -> str:

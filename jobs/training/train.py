@@ -101,8 +101,10 @@ class Trainer:
         identity = {"preset": cfg.model.preset, "vocab_size": vocab_size, "seq_len": cfg.data.seq_len,
                     "global_batch_size": cfg.train.global_batch_size,
                     "layers": model_config.num_hidden_layers, "hidden": model_config.hidden_size}
+        # HSDP: the ranks holding copies of this rank's shards; only replica 0 reads and writes them.
+        replicate_group = self.mesh["dp_replicate"].get_group() if cfg.train.parallelism == "hsdp" else None
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
-                                 d=d, identity=identity)
+                                 d=d, identity=identity, replicate_group=replicate_group)
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
             self.step = self._resume()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
