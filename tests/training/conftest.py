@@ -47,9 +47,12 @@ class Run:
                 "FSX_DATA": str(self.root / "data"), "FSX_CHECKPOINTS": str(self.root / "checkpoints"),
                 "FSX_LOGS": str(self.root / "logs")}
 
-    def start(self, data: Path, *overrides: str, nproc: int = 2) -> "Run":
-        """Launch like the sbatch payload does: torchrun ignores SIGUSR1, only the workers handle it."""
-        cmd = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--standalone", "-m", "training.train",
+    def start(self, data: Path, *overrides: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "training.train")
+              ) -> "Run":
+        """Launch like the sbatch payload does: torchrun ignores SIGUSR1, only the workers handle it.
+
+        ``program``: what torchrun runs, the trainer or a script wrapping it (``checkpoint_io.py``)."""
+        cmd = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--standalone", *program,
                "--config", str(CONFIG), f"data.path={data}", *overrides]
         self.process = subprocess.Popen(
             cmd, env=self.env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -65,8 +68,9 @@ class Run:
             pytest.fail(f"training did not finish within {timeout} s (hang?):\n{self.output[-4000:]}")
         return self.process.returncode
 
-    def run(self, data: Path, *overrides: str, nproc: int = 2) -> int:
-        return self.start(data, *overrides, nproc=nproc).wait()
+    def run(self, data: Path, *overrides: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "training.train")
+            ) -> int:
+        return self.start(data, *overrides, nproc=nproc, program=program).wait()
 
     def records(self) -> list[dict]:
         path = self.logs / "metrics.jsonl"
