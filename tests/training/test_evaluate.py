@@ -52,3 +52,18 @@ def test_evaluation_without_a_validation_split_fails_naming_the_fix(run, tiny_da
     assert run.run(tiny_data, *EVAL, f"eval.path={tmp_path / 'missing'}", nproc=1) != 0
     assert "eval.every is 4 but there is no validation split" in run.output
     assert "Tokenize with --val-fraction" in run.output
+
+
+def test_tensor_parallel_ranks_score_their_tokens_once(tiny_data, tmp_path_factory):
+    """The 2 ranks of one tensor-parallel copy read the same validation batches: counted once, same loss as FSDP."""
+    from conftest import Run
+
+    runs = {}
+    for name, layout in (("fsdp", ()), ("tp", ("train.tensor_parallel=2",))):
+        runs[name] = Run(tmp_path_factory.mktemp(f"eval-{name}"))
+        code = runs[name].run(tiny_data, *EVAL, "train.parallelism=fsdp", *layout)
+        assert code == 0, runs[name].output[-4000:]
+    fsdp, tp = ([r for r in runs[n].records() if "val_loss" in r] for n in ("fsdp", "tp"))
+    assert [r["val_tokens"] for r in tp] == [r["val_tokens"] for r in fsdp] == [2 * 8 * 128 * 2] * 4
+    for a, b in zip(tp, fsdp):
+        assert math.isclose(a["val_loss"], b["val_loss"], rel_tol=2e-4), (a, b)
