@@ -3,8 +3,10 @@
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
   plan --env prod          print nodes/GPUs per model, hourly cost, FSx throughput vs demand
   jobs --env dev --out jobs [--model-list FILE]
-                           write each model's jobs/train_<model>.sh and jobs/models/<model>.yaml (and
-                           the "<name> <nodes>" list for the Slurm accounts) derived from its settings
+                           write each model's jobs/train_<model>.sh and jobs/models/<model>.yaml, and
+                           jobs/models/cluster.json (what the bundle's training.dry_run and
+                           training.status read of the settings), derived from the settings (and the
+                           "<name> <nodes>" list for the Slurm accounts)
   validate --all           render every environment and load it with ParallelCluster's own schema, then
                            deploy it into an emulated account and run ParallelCluster's validators and
                            update checks (cluster_config/emulated; --schema-only skips that)
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
     update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
-    jobs = commands.add_parser("jobs", help="write each model's job script and training config")
+    jobs = commands.add_parser("jobs", help="write each model's job script and training config, and the cluster file")
     jobs.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     jobs.add_argument("--out", required=True, type=Path, help="the jobs folder to write into, e.g. jobs")
     jobs.add_argument("--model-list", type=Path, help="also write the model list node_scripts/slurm_accounts.sh reads")

@@ -41,8 +41,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVIDER_TIMEOUT_MINUTES = 30
 ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache"]
 # What `python -m cluster_config jobs` writes into a checkout's jobs/ (the local cluster's): the bundle
-# carries this environment's own, from job_files below.
-GENERATED_EXCLUDES = ["train_*.sh", "models/*.yaml"]
+# carries this environment's own, from job_files below (model_jobs.GENERATED; a literal list, which
+# local_cluster/boot_plan.py reads from this source).
+GENERATED_EXCLUDES = ["train_*.sh", "models/*.yaml", "models/cluster.json"]
 
 
 class ClusterStack(cdk.Stack):
@@ -101,7 +102,8 @@ class ClusterStack(cdk.Stack):
             "JobsBundle",
             sources=[
                 s3deploy.Source.asset(str(REPO_ROOT / "jobs"), exclude=ASSET_EXCLUDES + GENERATED_EXCLUDES),
-                # Each model's job script and training config, derived from its entry in the settings.
+                # Each model's job script and training config, derived from its entry in the settings, and
+                # the cluster file the bundle's commands read instead of the settings (models/cluster.json).
                 *(s3deploy.Source.data(path, text) for path, text in job_files(settings).items()),
                 # The head node builds the jobs' venv from it (node_scripts/directory_setup.sh).
                 s3deploy.Source.data("requirements-jobs.txt", (REPO_ROOT / "requirements-jobs.txt").read_text()),

@@ -9,6 +9,8 @@ Modules:
   communication  the least collective traffic per layer and per step of a layout (counts, bytes); torch-free
   evaluate    validation loss on the held-out split every ``eval.every`` steps
   status      ``python -m training.status``: every model's job, progress, losses, checkpoint, cost
+  cluster     the bundle's models/cluster.json: its environment's models, GPU and price, generated from
+              the settings so that the bundle never needs cluster_config
   export_hf   ``python -m training.export_hf``: a checkpoint to Hugging Face format
   distributed process groups, device mesh, FSDP2/HSDP/DDP x tensor parallel, compile, rank agreement
   optim       AdamW and the cosine learning-rate schedule

@@ -11,10 +11,11 @@ import sys
 import pytest
 import yaml
 
-from cluster_config.model_jobs import GENERATED_BY, job_files, training_config, write_job_files
-from cluster_config.plan import check_plan
+from cluster_config.model_jobs import GENERATED, GENERATED_BY, job_files, training_config, write_job_files
+from cluster_config.plan import check_plan, gpu_of
 from cluster_config.settings import CONFIG_DIR, SettingsError, available_environments, load_settings
 from stacks.cluster_stack import GENERATED_EXCLUDES
+from training.cluster import load_cluster
 from training.config import load_config
 
 
@@ -33,7 +34,7 @@ def fsx_env(monkeypatch):
 def test_each_model_gets_a_script_with_its_share_and_a_config_with_its_facts(env, tmp_path):
     settings = load_settings(env)
     written = write_job_files(settings, tmp_path)
-    assert len(written) == 2 * len(settings.models)
+    assert len(written) == 2 * len(settings.models) + 1  # and models/cluster.json
     for model in settings.models:
         d = directives((tmp_path / f"train_{model.name}.sh").read_text())
         assert d["job-name"] == d["account"] == d["qos"] == model.name  # its Slurm account and QOS
@@ -49,6 +50,24 @@ def test_each_model_gets_a_script_with_its_share_and_a_config_with_its_facts(env
         assert cfg.data.path == f"/fsx/data/{model.dataset}"
         assert cfg.data.tokenizer == f"/fsx/data/{model.tokenizer}"
         assert cfg.grad_accum_steps(model.nodes * settings.gpu_queue.gpus_per_instance) >= 1
+
+
+@pytest.mark.parametrize("env", available_environments())
+def test_the_cluster_file_holds_what_the_bundles_commands_read_of_the_settings(env, tmp_path):
+    settings = load_settings(env)
+    write_job_files(settings, tmp_path)
+    cluster = load_cluster(tmp_path, env)  # as training.dry_run and training.status read it
+    queue, gpu = settings.gpu_queue, gpu_of(settings)
+    assert (cluster.environment, cluster.cluster_name, cluster.instance_type) == (env, settings.cluster_name, queue.instance_type)
+    assert (cluster.gpu, cluster.gpu_memory_gib) == (gpu.name, gpu.memory_gib)
+    assert cluster.price_per_gpu_hour_usd * queue.gpus_per_instance == pytest.approx(queue.price_per_instance_hour_usd)
+    assert cluster.deadline_days == settings.plan.deadline_days
+    assert list(cluster.models) == [model.name for model in settings.models]
+    for model in settings.models:
+        job = cluster.models[model.name]
+        assert (job.nodes, job.gpus_per_node) == (model.nodes, queue.gpus_per_instance)
+        assert job.world_size == model.nodes * queue.gpus_per_instance
+        assert job.config == tmp_path / f"models/{model.name}.yaml" and job.config.is_file()
 
 
 def test_prod_and_dev_model1_differ_only_as_their_entries_say():
@@ -106,8 +125,9 @@ def test_a_removed_model_loses_its_generated_files_and_nothing_else(tmp_path):
     (tmp_path / "train_custom.sh").write_text("#!/bin/bash\n# written by hand\n")
     write_job_files(load_settings("dev"), tmp_path)
     assert sorted(p.name for p in tmp_path.glob("train_*.sh")) == ["train_custom.sh", "train_model1.sh", "train_model2.sh"]
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["model1.yaml", "model2.yaml"]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["cluster.json", "model1.yaml", "model2.yaml"]
     assert "cluster_config/dev.yaml" in (tmp_path / "train_model1.sh").read_text()
+    assert load_cluster(tmp_path).environment == "dev"
 
 
 def test_the_bundle_carries_this_environments_files_not_a_checkouts():
@@ -115,6 +135,7 @@ def test_the_bundle_carries_this_environments_files_not_a_checkouts():
     # bundle's asset and adds the environment's own (stacks/cluster_stack.py).
     for path in job_files(load_settings("prod")):
         assert any(fnmatch.fnmatch(path, pattern) for pattern in GENERATED_EXCLUDES), path
+    assert GENERATED_EXCLUDES == list(GENERATED)  # what the asset leaves out is what write_job_files may replace
     for text in job_files(load_settings("prod")).values():
         assert f"{GENERATED_BY} from cluster_config/prod.yaml" in text
 

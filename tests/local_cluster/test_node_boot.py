@@ -96,8 +96,10 @@ def test_boot_plan_holds_the_rendered_actions_and_the_bucket_the_stack_uploads(t
     assert (bucket / "jobs" / "requirements-jobs.txt").is_file() and (bucket / "jobs" / "train_model1.sh").is_file()
     assert (bucket / "cluster" / "llm-dev.models").read_text().split() == ["model1", "2", "model2", "1"]
     assert not list(bucket.rglob("__pycache__")) and not list(bucket.rglob("*.pyc"))
-    assert stack_excludes()[1] == ["train_*.sh", "models/*.yaml"]  # read from stacks/cluster_stack.py
+    assert (bucket / "jobs" / "models" / "cluster.json").is_file()  # what the bundle's commands read of the settings
+    assert stack_excludes()[1] == ["train_*.sh", "models/*.yaml", "models/cluster.json"]  # read from stacks/cluster_stack.py
     assert (tmp_path / "jobs" / "train_model1.sh").is_file()  # dev's model jobs for the checkout
+    assert (tmp_path / "jobs" / "models" / "cluster.json").is_file()
 
 
 # --- on the cluster ------------------------------------------------------------------------------
