@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from cluster_config.model_jobs import bundled_cluster
 from training.communication import Traffic, layer_traffic, recomputed_layers, step_traffic
 from training.dry_run import DEFAULT_VOCAB, load_model_config, production_setup
 from training.presets import PRESETS
@@ -26,16 +27,15 @@ RECOMPUTED, PLAIN = "recomputed", "plain"  # decoder layers with and without act
 
 def production_layouts(env: str = "prod") -> list[str]:
     """One model per distinct job of ``env`` (model1/2, 3/4, 5/6 train the same recipe on other data)."""
-    from cluster_config.settings import load_settings
-
+    cluster = bundled_cluster(env)
     seen, models = set(), []
-    for plan in load_settings(env).models:
-        raw, world_size, _ = production_setup(plan.name, env)
+    for name in cluster.models:
+        raw, world_size, _ = production_setup(name, cluster)
         cfg = load_model_config(raw)
         key = (cfg.model.preset, cfg.train.model_dump_json(), cfg.data.seq_len, world_size)
         if key not in seen:
             seen.add(key)
-            models.append(plan.name)
+            models.append(name)
     return models
 
 
@@ -103,7 +103,7 @@ class LayoutReport:
 def compare(model: str, env: str = "prod", *, world_size: int | None = None) -> LayoutReport:
     """Measure ``model``'s job of ``env`` (at its world size unless given) and hold it against the minimum."""
     start = time.perf_counter()
-    raw, planned, _ = production_setup(model, env)
+    raw, planned, _ = production_setup(model, bundled_cluster(env))
     cfg = load_model_config(raw)
     train, preset = cfg.train, PRESETS[cfg.model.preset]
     world_size = world_size or planned

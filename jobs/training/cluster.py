@@ -38,7 +38,7 @@ class ModelJob:
 
 @dataclass(frozen=True)
 class Cluster:
-    path: Path  # the file it was read from
+    jobs_dir: Path  # the jobs folder whose models/cluster.json it was read from
     environment: str
     cluster_name: str
     instance_type: str
@@ -49,6 +49,10 @@ class Cluster:
     price_per_gpu_hour_usd: float
     deadline_days: float | None
     models: dict[str, ModelJob]
+
+    @property
+    def path(self) -> Path:
+        return self.jobs_dir / CLUSTER_FILE
 
 
 def default_jobs_dir() -> Path:
@@ -80,7 +84,7 @@ def load_cluster(jobs_dir: Path | None = None, env: str | None = None) -> Cluste
     if not path.is_file():
         raise ConfigError(f"no {path} — {_fix(env)}")
     try:
-        cluster = _parse(path, jobs_dir, json.loads(path.read_text()))
+        cluster = _parse(jobs_dir, json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path} is not a cluster file ({exc!r}) — {_fix(env)}") from None
     if env and cluster.environment != env:
@@ -88,10 +92,10 @@ def load_cluster(jobs_dir: Path | None = None, env: str | None = None) -> Cluste
     return cluster
 
 
-def _parse(path: Path, jobs_dir: Path, data: dict) -> Cluster:
+def _parse(jobs_dir: Path, data: dict) -> Cluster:
     # Config paths are relative to the jobs folder, which the bundle may be copied anywhere with.
     models = {name: ModelJob(name=name, nodes=int(job["nodes"]), gpus_per_node=int(job["gpus_per_node"]),
                              world_size=int(job["world_size"]), config=jobs_dir / job["config"])
               for name, job in data["models"].items()}
-    scalars = {f.name: data[f.name] for f in fields(Cluster) if f.name not in ("path", "models")}
-    return Cluster(path=path, models=models, **scalars)
+    scalars = {f.name: data[f.name] for f in fields(Cluster) if f.name not in ("jobs_dir", "models")}
+    return Cluster(jobs_dir=jobs_dir, models=models, **scalars)

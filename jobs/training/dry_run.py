@@ -1,7 +1,13 @@
 """Production dry run: one rank of the real job, at its real world size, without GPUs or memory.
 
-    PYTHONPATH=jobs python -m training.dry_run model7 --env prod
-    PYTHONPATH=jobs python -m training.dry_run --config jobs/training/configs/llama2-7b.yaml model.preset=llama2-7b --world-size 88
+    python -m training.dry_run model7 --env prod        # on the head node: the bundle's models/cluster.json
+    python -m cluster_config jobs --env prod --out /tmp/jobs-prod   # in a checkout: prod's job files, then
+    PYTHONPATH=jobs python -m training.dry_run model7 --env prod --jobs-dir /tmp/jobs-prod
+    PYTHONPATH=jobs python -m training.dry_run --config jobs/training/configs/llama2-7b.yaml model.preset=llama2-7b \
+        --world-size 88 --gpu-memory-gib 140
+
+A model's config, world size and GPU memory come from the jobs bundle's ``models/cluster.json`` and
+``models/<model>.yaml`` (training/cluster.py), generated from the settings with the job scripts.
 
 The process joins PyTorch's fake process group (collectives return at once) as rank 0 of N, builds
 the model exactly as ``train.py`` does (preset, FSDP2 wrapping, tensor parallelism, mixed precision,
@@ -26,7 +32,6 @@ production shapes in tests/training/test_dry_run.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -36,8 +41,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from cli import ArgumentParser, fail
+
 from . import distributed
-from .config import Config, ConfigError, load_config
+from .cluster import Cluster, add_arguments, load_cluster
+from .config import Config, ConfigError, load_config, read_config_file
 from .models import llama_config
 
 GIB = 1024**3
@@ -318,39 +326,27 @@ def measure_cpu(config_path: str, overrides: list[str] = (), *, vocab_size: int 
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
 
 
-# GPU memory per device of the instance types a gpu_queue may use (GiB as nvidia-smi reports, rounded).
-GPU_MEMORY_GIB = {"p5e.48xlarge": 141, "p5en.48xlarge": 141, "p5.48xlarge": 80, "p4de.24xlarge": 80,
-                  "p4d.24xlarge": 40, "g5.12xlarge": 24, "g5.48xlarge": 24, "g6e.12xlarge": 48}
+def production_setup(model: str, cluster: Cluster) -> tuple[dict, int, float]:
+    """What ``model`` trains with on ``cluster`` (its jobs bundle's models/cluster.json): the training
+    config its job script runs, its world size and its GPUs' memory (GiB)."""
+    job = cluster.models.get(model)
+    if job is None:
+        raise ConfigError(f"model {model!r} is not in the {cluster.environment} plan; choose one of "
+                          f"{', '.join(cluster.models)} ({cluster.path})")
+    if cluster.gpu_memory_gib is None:
+        raise ConfigError(f"GPU memory of {cluster.instance_type} is unknown ({cluster.path}) — pass --gpu-memory-gib, "
+                          f"or set plan.gpu_memory_gib in cluster_config/{cluster.environment}.yaml")
+    return read_config_file(job.config), job.world_size, cluster.gpu_memory_gib
 
 
-def production_setup(model: str, env: str) -> tuple[dict, int, float]:
-    """What ``model`` trains with in environment ``env`` (cluster_config/<env>.yaml): its training config,
-    derived from its settings as the cluster stack ships it, its world size and its GPUs' memory (GiB)."""
-    from cluster_config.model_jobs import training_config
-    from cluster_config.settings import SettingsError, load_settings
-
-    settings = load_settings(env)
-    plans = {m.name: m for m in settings.models}
-    if model not in plans:
-        raise ConfigError(f"model {model!r} is not in the {env} plan; choose one of {', '.join(plans)}")
-    queue = settings.gpu_queue
-    if queue.instance_type not in GPU_MEMORY_GIB:
-        raise ConfigError(f"GPU memory of {queue.instance_type} is unknown; pass --gpu-memory-gib")
-    try:
-        raw = training_config(settings, plans[model])
-    except SettingsError as exc:
-        raise ConfigError(str(exc)) from None
-    return raw, plans[model].nodes * queue.gpus_per_instance, GPU_MEMORY_GIB[queue.instance_type]
-
-
-def estimate(model: str, env: str = "prod", overrides: list[str] = ()) -> dict:
-    """The dry run of ``model`` in ``env`` as plain numbers (GiB), for the plan and other tools.
+def estimate(model: str, cluster: Cluster | None = None, overrides: list[str] = ()) -> dict:
+    """The dry run of ``model`` on ``cluster`` (default: this bundle's) as plain numbers (GiB), for other tools.
 
     {"model", "preset", "world_size", "layout", "micro_batch_size", "accumulation",
      "activation_checkpointing", "gpu_memory_gib", "peak_gib", "fraction", "fits", "gib": {category: GiB}}
     Takes seconds for 7B and a few minutes for 70B on two CPU cores.
     """
-    raw, world_size, gpu_gib = production_setup(model, env)
+    raw, world_size, gpu_gib = production_setup(model, cluster or load_cluster())
     cfg = load_model_config(raw, overrides)
     report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=cfg.model.vocab_size or DEFAULT_VOCAB)
     return report.as_dict()
@@ -364,33 +360,32 @@ def load_model_config(source: str | dict, overrides: list[str] = ()) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.dry_run", description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", help="model of the plan (e.g. model7): the config its settings derive")
-    parser.add_argument("--env", default="prod", help="environment whose plan gives nodes and GPU type (default prod)")
+    parser = ArgumentParser(prog="python -m training.dry_run", description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", help="model of the plan (e.g. model7): its config in the jobs folder")
+    add_arguments(parser)  # --jobs-dir, --env: the cluster file giving the model's config, nodes and GPU
     parser.add_argument("--config", help="a config file instead of the model's own")
-    parser.add_argument("--world-size", type=int, help="ranks (default: the plan's nodes x GPUs per node)")
-    parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the plan's instance type)")
+    parser.add_argument("--world-size", type=int, help="ranks (default: the model's nodes x GPUs per node)")
+    parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the cluster file's GPU)")
     parser.add_argument("--vocab-size", type=int, default=0,
                         help=f"vocabulary (default: the config's model.vocab_size, else {DEFAULT_VOCAB})")
     parser.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)
     if not args.model and not args.config:
-        print("error: name a model of the plan (model1 ... model7) or pass --config FILE", file=sys.stderr)
-        return 2
+        return fail("no model", "name a model of the plan (e.g. model7) or pass --config FILE")
     try:
         world_size, gpu_gib = args.world_size, args.gpu_memory_gib
         if args.config:
             cfg = load_model_config(args.config, args.overrides)
         if not args.config or world_size is None or gpu_gib is None:
-            raw, planned, memory = production_setup(args.model or cfg.name, args.env)
+            cluster = load_cluster(args.jobs_dir, args.env)
+            raw, planned, memory = production_setup(args.model or cfg.name, cluster)
             cfg = cfg if args.config else load_model_config(raw, args.overrides)
             world_size, gpu_gib = world_size or planned, gpu_gib or memory
         report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib,
                          vocab_size=args.vocab_size or cfg.model.vocab_size or DEFAULT_VOCAB)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     print(report.summary())
     if args.json:
         print(json.dumps(report.as_dict()))

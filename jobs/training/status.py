@@ -1,6 +1,6 @@
 """One view of every model's training: Slurm state, progress, losses, speed, checkpoints, cost so far.
 
-    python -m training.status --env prod                    # the models of cluster_config/prod.yaml
+    python -m training.status --env prod                    # the models of the bundle's models/cluster.json
     python -m training.status --png /fsx/logs/status.png    # plus one picture: loss, val_loss, tokens/s
     python -m training.status model1 model7 --logs /fsx/logs --checkpoints /fsx/checkpoints
 
@@ -18,12 +18,14 @@ Reads only what the jobs leave behind, so it is safe to run at any time from the
 
 Device-hours count the time of training steps (``step_time_s`` and checkpoint blocking of every
 interval, times the ranks of the run), not start-up or time queued; dollars are device-hours at the
-environment's price per GPU (``--env``).
+cluster's price per GPU. The models and the price come from the jobs bundle's ``models/cluster.json``
+(training/cluster.py; ``--jobs-dir`` for another jobs folder, ``--env`` to refuse another
+environment's); without one, and without those options, the models are the folders in ``--logs``
+and dollars are left out.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -34,9 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.config import MODEL_CONFIGS
+from cli import ArgumentParser, fail
+from training.cluster import CLUSTER_FILE, Cluster, add_arguments, default_jobs_dir, load_cluster
+from training.config import MODEL_CONFIGS, ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
 BACKUP_DONE = "backed up and verified"
 
 
@@ -121,11 +124,11 @@ def logged_config(log_dir: Path, model: str) -> dict | None:
     return None
 
 
-def total_steps(log_dir: Path, model: str) -> int:
+def total_steps(log_dir: Path, model: str, configs: Path = MODEL_CONFIGS) -> int:
     config = logged_config(log_dir, model)
     if config:
         return int(config["train"]["steps"])
-    path = MODEL_CONFIGS / f"{model}.yaml"  # not started yet: what the job will run
+    path = configs / f"{model}.yaml"  # not started yet: what the job will run
     if path.is_file():
         import yaml
 
@@ -183,7 +186,8 @@ def _restarts(job_id: str) -> int:
 
 
 def collect(models: list[str], logs: Path, checkpoints: Path, price_per_gpu_hour: float | None = None,
-            now: float | None = None) -> list[ModelStatus]:
+            now: float | None = None, configs: Path = MODEL_CONFIGS) -> list[ModelStatus]:
+    """``configs``: the jobs folder's models/, whose <model>.yaml gives the steps of a run not started yet."""
     now = time.time() if now is None else now
     jobs = slurm_jobs(models)
     result = []
@@ -191,7 +195,7 @@ def collect(models: list[str], logs: Path, checkpoints: Path, price_per_gpu_hour
         status = ModelStatus(name)
         status.job, status.restarts = jobs.get(name, ("-", 0))
         summarize_metrics(status, read_metrics(logs / name / "metrics.jsonl"))
-        status.total_steps = total_steps(logs / name, name)
+        status.total_steps = total_steps(logs / name, name, configs)
         checkpoint_state(status, checkpoints / name, now)
         status.backup = backup_state(logs, name, status.run_status, status.checkpoint)
         if price_per_gpu_hour is not None:
@@ -257,42 +261,37 @@ def plot(statuses: list[ModelStatus], out: Path) -> Path:
     return out
 
 
-def _environment(env: str) -> tuple[list[str], float]:
-    """Model names and price per GPU-hour of cluster_config/<env>.yaml (needs the repository checkout)."""
-    sys.path.insert(0, str(REPO))
-    from cluster_config.settings import load_settings
-
-    settings = load_settings(env)
-    queue = settings.gpu_queue
-    return [m.name for m in settings.models], queue.price_per_instance_hour_usd / queue.gpus_per_instance
+def read_cluster(jobs_dir: Path | None, env: str | None) -> Cluster | None:
+    """The jobs folder's cluster file; a missing one is an error only where --jobs-dir or --env asks for it
+    (without it the table still shows the runs in --logs, only no dollars)."""
+    if jobs_dir is None and env is None and not (default_jobs_dir() / CLUSTER_FILE).is_file():
+        return None
+    return load_cluster(jobs_dir, env)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.status", description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", help="model names (default: --env's models, else every folder in --logs)")
-    parser.add_argument("--env", help="environment whose models and GPU price to use (cluster_config/<env>.yaml)")
+    parser = ArgumentParser(prog="python -m training.status", description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="model names (default: the cluster file's, else every folder in --logs)")
+    add_arguments(parser)  # --jobs-dir, --env: the cluster file giving the models and the price per GPU-hour
     parser.add_argument("--logs", default=os.environ.get("FSX_LOGS", "/fsx/logs"))
     parser.add_argument("--checkpoints", default=os.environ.get("FSX_CHECKPOINTS", "/fsx/checkpoints"))
     parser.add_argument("--png", help="also write one picture of every model's loss, val_loss and tokens/s")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     logs, checkpoints = Path(args.logs), Path(args.checkpoints)
-    price = None
-    models = args.models
-    if args.env:
-        try:
-            env_models, price = _environment(args.env)
-        except (ImportError, ValueError) as exc:
-            print(f"error: environment {args.env!r}: {exc}", file=sys.stderr)
-            return 2
-        models = models or env_models
+    try:
+        cluster = read_cluster(args.jobs_dir, args.env)
+    except ConfigError as exc:
+        return fail(exc)
+    price = cluster.price_per_gpu_hour_usd if cluster else None
+    models = args.models or (list(cluster.models) if cluster else [])
     if not models:
         models = sorted(p.parent.name for p in logs.glob("*/metrics.jsonl"))
     if not models:
-        print(f"error: no models: pass names or --env, or point --logs at a folder with <model>/metrics.jsonl "
-              f"({logs} has none)", file=sys.stderr)
-        return 2
-    statuses = collect(models, logs, checkpoints, price)
+        return fail(f"no models: no {default_jobs_dir() / CLUSTER_FILE} and no <model>/metrics.jsonl in {logs}",
+                    "pass model names, --jobs-dir with a cluster file, or --logs with the runs' folders")
+    configs = (args.jobs_dir or default_jobs_dir()) / "models"
+    statuses = collect(models, logs, checkpoints, price, configs=configs)
     if args.json:
         print(json.dumps([{k: v for k, v in s.__dict__.items() if k not in ("history", "evals")} | {"eta_s": s.eta_s}
                           for s in statuses], indent=1))

@@ -15,6 +15,7 @@ import torch._inductor.config
 import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
+from cluster_config.model_jobs import bundled_cluster
 from training import distributed
 from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes, dry_run, fake_dist, load_model_config, main, measure_cpu,
                               production_setup)
@@ -31,7 +32,7 @@ def production_reports() -> dict:
     """One dry run per distinct job (model1/2, 3/4 and 5/6 are the same job on other data)."""
     done, reports = {}, {}
     for model in PRODUCTION:
-        raw, world_size, gpu_gib = production_setup(model, "prod")
+        raw, world_size, gpu_gib = production_setup(model, bundled_cluster("prod"))
         cfg = load_model_config(raw)
         key = (cfg.model.model_dump_json(), cfg.train.model_dump_json(), cfg.data.seq_len, world_size, gpu_gib)
         if key not in done:
@@ -43,7 +44,7 @@ def production_reports() -> dict:
 @pytest.mark.slow
 def test_every_production_model_fits_a_h200_with_headroom(production_reports):
     for model, report in production_reports.items():
-        assert report.gpu_memory_gib == 141
+        assert report.gpu_memory_gib == pytest.approx(140.4, abs=0.05)  # H200: 143,771 MiB (cluster_config/plan.py)
         assert report.fits and report.fraction <= 1 - HEADROOM, report.summary()
         assert report.categories["activations"] > 0 and report.categories["optimizer"] > 0, report.summary()
     model7 = production_reports["model7"]
@@ -56,7 +57,7 @@ def test_production_estimates_agree_with_the_analytic_model(production_reports):
     """States are bytes x parameters / shards; activations (no checkpointing) counted by hand."""
     for model in ("model1", "model3", "model5"):
         report = production_reports[model]
-        cfg = load_model_config(production_setup(model, "prod")[0])
+        cfg = load_model_config(production_setup(model, bundled_cluster("prod"))[0])
         model_config = llama_config(cfg.model.preset, DEFAULT_VOCAB, cfg.data.seq_len)
         params, _ = count_parameters(model_config)
         shards = cfg.train.hsdp_shard_size
@@ -136,14 +137,25 @@ def test_residual_projections_get_a_depth_scaled_init():
 
 
 def test_unknown_model_is_an_error_naming_the_choices(capsys):
-    assert main(["model9", "--env", "prod"]) == 2
+    jobs_dir = bundled_cluster("prod").jobs_dir
+    assert main(["model9", "--env", "prod", "--jobs-dir", str(jobs_dir)]) == 2
     err = capsys.readouterr().err
-    assert "error:" in err and "model9" in err
+    assert err.startswith("error: model 'model9' is not in the prod plan; choose one of model1, model2")
+
+
+def test_without_the_cluster_file_or_with_another_environments_the_error_names_the_command(tmp_path, capsys):
+    assert main(["model1", "--jobs-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: no {tmp_path}/models/cluster.json — write one with python -m cluster_config jobs --env ENV" in err
+    dev = bundled_cluster("dev").jobs_dir
+    assert main(["model1", "--env", "prod", "--jobs-dir", str(dev)]) == 2
+    err = capsys.readouterr().err
+    assert f"{dev}/models/cluster.json is dev's, not prod's — write prod's with python -m cluster_config jobs --env prod" in err
 
 
 def test_a_model_runs_what_its_environment_gives_it():
     """One description per model: dev's model1 is the tiny preset on 2 x 4 A10G, prod's the 7B on 32 H200."""
-    raw, world_size, gpu_gib = production_setup("model1", "dev")
-    assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, gpu_gib) == ("tiny", 128, 8, 24)
-    raw, world_size, gpu_gib = production_setup("model1", "prod")
-    assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, gpu_gib) == ("llama2-7b", 4096, 32, 141)
+    raw, world_size, gpu_gib = production_setup("model1", bundled_cluster("dev"))
+    assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, round(gpu_gib)) == ("tiny", 128, 8, 22)
+    raw, world_size, gpu_gib = production_setup("model1", bundled_cluster("prod"))
+    assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, round(gpu_gib)) == ("llama2-7b", 4096, 32, 140)

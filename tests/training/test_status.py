@@ -9,6 +9,7 @@ import sys
 import pytest
 from conftest import REPO, Run
 
+from cluster_config.model_jobs import bundled_cluster
 from training.status import ModelStatus, collect, format_table, summarize_metrics
 
 RUN = ("checkpoint.every=4", "log.interval=2", "train.micro_batch_size=8", "optim.warmup_steps=2")
@@ -65,15 +66,26 @@ def test_device_hours_add_up_the_intervals_of_every_run():
 
 
 def test_cli_table_json_and_picture(resumed, tmp_path):
-    env = {**resumed.env(), "PYTHONPATH": str(REPO / "jobs")}
+    dev = bundled_cluster("dev")  # dev's models/cluster.json, as the local cluster's jobs/ holds it
+    # JOBS_DIR: where the cluster file is looked for by default (the head node's shell sets it).
+    env = {**resumed.env(), "PYTHONPATH": str(REPO / "jobs"), "JOBS_DIR": str(dev.jobs_dir)}
     png = tmp_path / "status.png"
     out = subprocess.run([sys.executable, "-m", "training.status", "--env", "dev", "--png", str(png)],
                          env=env, capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[1].startswith("model1 ")
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == ["model1", "model2"]  # the cluster file's models
     assert png.stat().st_size > 10_000
     data = json.loads(subprocess.run([sys.executable, "-m", "training.status", "model1", "--json"], env=env,
                                      capture_output=True, text=True, check=True).stdout)
-    assert data[0]["checkpoint"] == "step_00000012" and data[0]["dollars"] is None
-    bad = subprocess.run([sys.executable, "-m", "training.status", "--logs", str(tmp_path)], env=env,
+    assert data[0]["checkpoint"] == "step_00000012"
+    assert data[0]["dollars"] == pytest.approx(data[0]["device_hours"] * dev.price_per_gpu_hour_usd)
+    # No cluster file: the runs in --logs, without dollars; none there either: nothing to show.
+    no_file = {**env, "JOBS_DIR": str(tmp_path)}
+    data = json.loads(subprocess.run([sys.executable, "-m", "training.status", "--json"], env=no_file,
+                                     capture_output=True, text=True, check=True).stdout)
+    assert [s["name"] for s in data] == ["model1"] and data[0]["dollars"] is None
+    bad = subprocess.run([sys.executable, "-m", "training.status", "--logs", str(tmp_path)], env=no_file,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "error: no models" in bad.stderr
+    asked = subprocess.run([sys.executable, "-m", "training.status", "--env", "prod"], env=no_file,
+                           capture_output=True, text=True)
+    assert asked.returncode == 2 and f"error: no {tmp_path}/models/cluster.json — write prod's with" in asked.stderr
