@@ -1,0 +1,372 @@
+"""The acceptance report (cluster_checks.acceptance): checks from recorded results, the go / no-go rule,
+report.json, the table and the PNG. No Slurm, no GPU.
+
+Fixtures:
+- nccl-tests logs recorded on 2 x p5.48xlarge (tests/local_cluster/fixtures): over EFA, and fallen back
+  to TCP sockets;
+- ``fixtures/nccl_tests_nvlink.log``: one node's 8 GPUs, written by hand in nccl-tests' format with
+  the published NVLink SHARP figure (~470 GB/s busbw at 1 GiB, NVIDIA/nccl-tests#212): no recorded
+  single-node run exists yet;
+- the FSx summary, built by fsx_perf/fsx_report from recorded IOR, mdtest and fio outputs
+  (tests/storage_validation/fixtures);
+- ``fixtures/gpu_go``: expected.json, node records and two layouts' numbers in the format
+  jobs/acceptance.sh writes, with values a healthy p5e run gives (example values, not a recording).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cluster_checks import acceptance as acc
+from cluster_checks.fsx_perf import collect
+from cluster_checks.fsx_report import MountResult, assess, to_json
+
+HERE = Path(__file__).parent
+FIXTURES = HERE / "fixtures"
+NCCL_LOGS = HERE.parent / "local_cluster" / "fixtures"
+STORAGE = HERE.parent / "storage_validation" / "fixtures"
+
+EFA_LOG, SOCKET_LOG, NVLINK_LOG = NCCL_LOGS / "nccl_tests_efa.log", NCCL_LOGS / "nccl_tests_socket.log", \
+    FIXTURES / "nccl_tests_nvlink.log"
+
+GPU_CATALOGUE = [
+    acc.QUEUES, acc.VENV, acc.HEALTH, acc.DRIVER, acc.ECC,
+    acc.INTER_NODE, acc.INTRA_NODE, acc.TRANSPORT, acc.TCP_CONTROL,
+    "storage: /fsx/data read/write vs provisioned", "storage: /fsx/checkpoints read/write vs provisioned",
+    *[f"layout {m}: {what}" for m in ("model1", "model7") for what in (
+        "run completes", "init std per parameter", "no two parameters/shards equal", "loss finite and decreasing",
+        "grad norm finite", "peak GPU memory vs dry run", "MFU vs plan", "compiled vs eager losses",
+        "killed rank recovers, losses bit-identical", "stalled rank detected")],
+]
+
+
+def storage_summary(raw: Path) -> str:
+    """summary.json as fsx_perf writes it: /fsx/data measured by IOR + mdtest, /fsx/checkpoints by fio."""
+    ior = raw / "data"
+    ior.mkdir(parents=True)
+    shutil.copy(STORAGE / "ior_4.0.0.json", ior / "ior.json")
+    shutil.copy(STORAGE / "mdtest_4.0.0.txt", ior / "mdtest.txt")
+    data = assess(collect(ior, MountResult("/fsx/data", fs_type="lustre")), 1000.0, 0.8)  # 0.93 write, 1.68 read
+    checkpoints = assess(collect(STORAGE / "fio_two_nodes", MountResult("/fsx/checkpoints", fs_type="lustre")),
+                         600.0, 0.8)  # 0.96 write, 3.4 read
+    return to_json([data, checkpoints], job="4242", min_ratio=0.8, notes=[])
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """A GPU cluster's results folder that is a go."""
+    folder = tmp_path / "4242"
+    shutil.copytree(FIXTURES / "gpu_go", folder)
+    for part, log in (("inter_node", EFA_LOG), ("intra_node", NVLINK_LOG), ("tcp_control", SOCKET_LOG)):
+        (folder / "nccl" / part).mkdir(parents=True)
+        shutil.copy(log, folder / "nccl" / part / "all_reduce_perf.log")
+    (folder / "storage").mkdir()
+    (folder / "storage" / "summary.json").write_text(storage_summary(tmp_path / "raw"))
+    return folder
+
+
+def edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def by_name(report: acc.Report) -> dict[str, acc.Check]:
+    return {c.name: c for c in report.checks}
+
+
+def blocking(report: acc.Report) -> list[str]:
+    return [c.name for c in report.blocking()]
+
+
+# --- a go, and what it writes ----------------------------------------------------------------------
+
+def test_a_healthy_gpu_run_is_a_go_with_every_check_passed(results):
+    report = acc.assemble(results)
+    assert [c.name for c in report.checks] == GPU_CATALOGUE
+    assert [c.name for c in report.checks if c.status != acc.PASS] == []
+    assert report.verdict == acc.GO and report.gpu
+    checks = by_name(report)
+    inter = checks[acc.INTER_NODE]
+    assert inter.measured == "381.9 GB/s busbw at 1 GiB, 16 ranks on 2 nodes"
+    assert inter.expected == ">= 349.6 GB/s busbw at 1 GiB (80% of the published 436.95)"
+    assert inter.ratio == pytest.approx(381.90 / 436.95) and inter.limit == 0.8
+    assert "awesome" not in inter.source and "awsome-distributed-training" in inter.source
+    assert checks[acc.INTRA_NODE].measured == "467.3 GB/s busbw at 1 GiB, 8 GPUs on ip-10-1-40-17"
+    assert checks[acc.INTRA_NODE].expected.startswith(">= 360 GB/s busbw")
+    assert checks[acc.TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
+    assert checks[acc.TCP_CONTROL].measured == "refused: NCCL fell back to TCP sockets (NET/Socket), not EFA"
+    assert checks["storage: /fsx/data read/write vs provisioned"].measured == \
+        "write 0.931 GB/s, read 1.680 GB/s (ior+mdtest)"
+    assert checks["layout model7: MFU vs plan"].measured == "29.3% (290 tokens/s per GPU)"
+    assert checks[acc.QUEUES].measured == "gpu 2, cpu 1"
+    assert all(c.source for c in report.checks), "every threshold names its source"
+
+
+def test_the_report_command_writes_json_table_and_png_and_exits_0_on_go(results, capsys):
+    assert acc.main(["report", str(results)]) == 0
+    out = capsys.readouterr().out
+    document = json.loads((results / "report.json").read_text())
+    assert document["verdict"] == "go" and document["job"] == "4242" and document["blocking"] == []
+    for check in document["checks"]:
+        assert {"name", "status", "measured", "expected", "why", "source"} <= set(check)
+        assert check["status"] in ("pass", "fail", "not measured")
+    table = (results / "report.txt").read_text()
+    assert table == out.split("report: ")[0]
+    assert table.startswith("acceptance: GO (GPU cluster)\n")
+    assert "pass    network: all_reduce across 2 nodes (EFA)" in table
+    assert "\n  aws-samples/awsome-distributed-training micro-benchmarks" in table.split("\nsources:\n")[1]
+    png = (results / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_the_report_can_go_to_another_folder(results, tmp_path):
+    assert acc.main(["report", str(results), "--out", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json", "report.png", "report.txt"]
+
+
+# --- no-go, each for its reason --------------------------------------------------------------------
+
+def test_a_slow_inter_node_all_reduce_is_a_no_go_naming_the_figure(results, capsys):
+    log = results / "nccl" / "inter_node" / "all_reduce_perf.log"
+    slow = "  1073741824     268435456     float     sum      -1  6710.89  160.00  300.00      0"
+    log.write_text(log.read_text().replace(
+        "  1073741824     268435456     float     sum      -1  5271.71  203.68  381.90      0", slow, 1))
+    assert acc.main(["report", str(results)]) == 1
+    report = acc.assemble(results)
+    assert blocking(report) == [acc.INTER_NODE]
+    check = by_name(report)[acc.INTER_NODE]
+    assert check.status == acc.FAIL and check.measured.startswith("300.0 GB/s busbw at 1 GiB")
+    assert check.why.startswith("69% of the published figure: first rerun jobs/validate_gpu_efa.sh")
+    err = capsys.readouterr().err
+    assert f"problem: {acc.INTER_NODE}: fail: 69% of the published figure" in err
+    assert json.loads((results / "report.json").read_text())["verdict"] == "no-go"
+
+
+def test_a_tcp_fallback_is_a_no_go(results):
+    shutil.copy(SOCKET_LOG, results / "nccl" / "inter_node" / "all_reduce_perf.log")
+    report = acc.assemble(results)
+    assert report.verdict == acc.NO_GO and blocking(report) == [acc.INTER_NODE, acc.TRANSPORT]
+    transport = by_name(report)[acc.TRANSPORT]
+    assert transport.measured == "NCCL fell back to TCP sockets (NET/Socket), not EFA"
+    assert "aws-ofi-nccl plugin was not loaded" in transport.why and "LD_LIBRARY_PATH" in transport.why
+    assert by_name(report)[acc.INTER_NODE].measured.startswith("2.5 GB/s")
+
+
+def test_a_tcp_control_run_that_is_not_refused_is_a_no_go(results):
+    shutil.copy(EFA_LOG, results / "nccl" / "tcp_control" / "all_reduce_perf.log")  # NCCL_NET=Socket did not apply
+    report = acc.assemble(results)
+    assert blocking(report) == [acc.TCP_CONTROL]
+    assert by_name(report)[acc.TCP_CONTROL].measured == "accepted"
+    assert "NCCL_NET=Socket did not reach the ranks" in by_name(report)[acc.TCP_CONTROL].why
+
+
+def test_an_out_of_memory_layout_run_is_a_no_go(results):
+    edit_json(results / "layouts" / "model7.json", oom=True, peak_memory_gib=None, losses=None, grad_norms=None)
+    report = acc.assemble(results)
+    assert report.verdict == acc.NO_GO
+    checks = by_name(report)
+    memory = checks["layout model7: peak GPU memory vs dry run"]
+    assert memory.status == acc.FAIL and memory.measured == "out of memory"
+    assert "lower train.micro_batch_size" in memory.why
+    assert checks["layout model7: run completes"].status == acc.FAIL
+    assert checks["layout model7: loss finite and decreasing"].why == \
+        "fewer than 2 losses recorded (the run failed: out of memory)"
+    assert not [n for n in blocking(report) if n.startswith("layout model1")]
+
+
+def test_duplicated_shards_at_initialisation_are_a_no_go(results):
+    edit_json(results / "layouts" / "model7.json", duplicate_hashes=2)
+    report = acc.assemble(results)
+    assert blocking(report) == ["layout model7: no two parameters/shards equal"]
+    check = by_name(report)["layout model7: no two parameters/shards equal"]
+    assert check.measured == "2 duplicate hash(es)" and "same generator state" in check.why
+
+
+def test_on_a_gpu_cluster_a_gpu_check_not_measured_is_a_no_go(results):
+    edit_json(results / "layouts" / "model7.json", compiled_losses=None)
+    report = acc.assemble(results)
+    check = by_name(report)["layout model7: compiled vs eager losses"]
+    assert check.status == acc.NOT_MEASURED and check.needs_gpu
+    assert report.verdict == acc.NO_GO and blocking(report) == [check.name]
+
+
+def test_a_missing_nccl_step_is_not_measured_and_blocks(results):
+    shutil.rmtree(results / "nccl" / "inter_node")
+    report = acc.assemble(results)
+    assert blocking(report) == [acc.INTER_NODE, acc.TRANSPORT]
+    assert all(by_name(report)[n].status == acc.NOT_MEASURED for n in blocking(report))
+
+
+def test_a_missing_layout_run_is_reported_not_skipped(results):
+    (results / "layouts" / "model1.json").unlink()
+    report = acc.assemble(results)
+    assert [c.name for c in report.checks] == GPU_CATALOGUE
+    run = by_name(report)["layout model1: run completes"]
+    assert run.status == acc.FAIL and "no layouts/model1.json" in run.why
+
+
+@pytest.mark.parametrize("part, file, changes, name, why", [
+    ("nodes", "gpu-dy-p5e-2", {"health_rc": 1, "health_output": "checking\nfatal NVIDIA Xid 79 in the kernel log"},
+     acc.HEALTH, "gpu-dy-p5e-2: fatal NVIDIA Xid 79 in the kernel log: the prolog drains"),
+    ("nodes", "gpu-dy-p5e-1", {"driver_cuda": "12.2"}, acc.DRIVER, "gpu-dy-p5e-1: the driver is older"),
+    ("nodes", "gpu-dy-p5e-1", {"ecc_uncorrected": 3, "row_remap_pending": True}, acc.ECC,
+     "gpu-dy-p5e-1: 3 uncorrectable, row remap pending"),
+    ("nodes", "cpu-dy-c7i-1", {"venv_ok": False, "venv_detail": "libcudart.so.12: cannot open"}, acc.VENV,
+     "cpu-dy-c7i-1 (cpu): libcudart.so.12: cannot open"),
+    ("layouts", "model1", {"losses": [10.4, 10.5, 10.6, 10.7]}, "layout model1: loss finite and decreasing",
+     "the loss does not fall"),
+    ("layouts", "model1", {"grad_norms": [3.0, "NaN"]}, "layout model1: grad norm finite", "a NaN/inf or zero"),
+    ("layouts", "model1", {"peak_memory_gib": 50.0}, "layout model1: peak GPU memory vs dry run",
+     "the dry run is 16% off"),
+    ("layouts", "model1", {"tokens_per_s_per_gpu": 2000.0}, "layout model1: MFU vs plan", "59% of the plan"),
+    ("layouts", "model1", {"init_std": {"model.layers.0.mlp.down_proj.weight": [0.02, 0.0025]}},
+     "layout model1: init std per parameter", "1 parameter(s) off"),
+    ("layouts", "model1", {"eager_losses": [10.41, 10.12, 9.63, 9.05, 8.51, 8.02, 7.66, 8.0]},
+     "layout model1: compiled vs eager losses", "compiled layers compute something else"),
+    ("layouts", "model1", {"resumed_losses": {"5": 8.51, "6": 8.020001, "7": 7.66, "8": 7.41}},
+     "layout model1: killed rank recovers, losses bit-identical", "1 of 4 steps differ (first: step 6)"),
+    ("layouts", "model1", {"recovered": False}, "layout model1: killed rank recovers, losses bit-identical",
+     "did not resume on its own"),
+    ("layouts", "model1", {"stall_detected_s": None}, "layout model1: stalled rank detected", "left the job hanging"),
+    ("layouts", "model1", {"stall_detected_s": 400.0}, "layout model1: stalled rank detected", "noticed later"),
+])
+def test_each_failure_blocks_alone_and_says_what_to_do(results, part, file, changes, name, why):
+    path = results / part / f"{file}.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, **changes}).replace('"NaN"', "NaN"))
+    report = acc.assemble(results)
+    assert blocking(report) == [name]
+    assert by_name(report)[name].status == acc.FAIL and why in by_name(report)[name].why
+
+
+def test_a_queue_short_of_nodes_and_a_storage_mount_below_provisioned_block(results):
+    (results / "nodes" / "cpu-dy-c7i-1.json").unlink()
+    summary = json.loads((results / "storage" / "summary.json").read_text())
+    data = next(m for m in summary["mounts"] if m["mount"] == "/fsx/data")
+    result = assess(MountResult(**{**data, "status": "not compared", "notes": []}), 2000.0, 0.8)  # 0.47 write
+    summary["mounts"] = [{**m, **(vars(result) if m["mount"] == "/fsx/data" else {})} for m in summary["mounts"]]
+    (results / "storage" / "summary.json").write_text(json.dumps(summary))
+    report = acc.assemble(results)
+    assert blocking(report) == [acc.QUEUES, "storage: /fsx/data read/write vs provisioned"]
+    assert "cpu (0 of 1)" in by_name(report)[acc.QUEUES].why
+    storage = by_name(report)["storage: /fsx/data read/write vs provisioned"]
+    assert "below 80% of the provisioned 2,000 MB/s" in storage.why and storage.ratio == pytest.approx(0.465, abs=1e-3)
+
+
+@pytest.mark.parametrize("log, why", [
+    (EFA_LOG, "ran on 2 node(s)"),  # the NVLink check must not be fed a 2-node run
+    (None, "no *_perf.log in"),
+])
+def test_the_nvlink_check_needs_a_one_node_run(results, log, why):
+    target = results / "nccl" / "intra_node" / "all_reduce_perf.log"
+    if log:
+        shutil.copy(log, target)
+    else:
+        target.unlink()
+    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
+    assert check.status != acc.PASS and why in check.why
+
+
+def test_a_run_on_fewer_than_8_gpus_per_node_is_not_compared(results):
+    log = results / "nccl" / "intra_node" / "all_reduce_perf.log"
+    log.write_text("\n".join(line for line in log.read_text().splitlines()
+                             if not line.startswith(("#  Rank  6", "#  Rank  7"))))
+    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
+    assert check.status == acc.FAIL and "6 ranks on 1 node(s), not 8 per node" in check.why
+
+
+def test_a_sweep_that_stops_below_1_gib_is_not_compared(results):
+    log = results / "nccl" / "intra_node" / "all_reduce_perf.log"
+    log.write_text("\n".join(line for line in log.read_text().splitlines() if not line.startswith("  1073741824")))
+    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
+    assert check.status == acc.FAIL and "largest message 256 MiB is below 1 GiB" in check.why
+
+
+def test_an_unfinished_nccl_run_fails_with_the_parser_s_reason(results):
+    (results / "nccl" / "intra_node" / "all_reduce_perf.log").write_text("srun: error: task 3 launch failed\n")
+    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
+    assert check.status == acc.FAIL and "unfinished run" in check.why and "no '#  Rank N Group" in check.why
+
+
+# --- the CPU cluster ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def cpu_results(results) -> Path:
+    """The local CPU cluster: no nccl-tests, no GPU numbers, nodes without GPUs."""
+    edit_json(results / "expected.json", gpu=False)
+    shutil.rmtree(results / "nccl")
+    for node in (results / "nodes").glob("gpu-*.json"):
+        edit_json(node, gpus_expected=0, driver_cuda=None, torch_cuda=None, ecc_uncorrected=None)
+    for layout in (results / "layouts").glob("*.json"):
+        edit_json(layout, peak_memory_gib=None, predicted_memory_gib=None, tokens_per_s_per_gpu=None,
+                  compiled_losses=None, eager_losses=None)
+    return results
+
+
+def test_on_a_cpu_cluster_no_gpu_checks_are_allowed_and_the_verdict_is_go(cpu_results):
+    report = acc.assemble(cpu_results)
+    assert [c.name for c in report.checks] == GPU_CATALOGUE  # the same checks: none left out
+    not_measured = [c for c in report.checks if c.status == acc.NOT_MEASURED]
+    assert len(not_measured) == 12 and all(c.needs_gpu and c.why.startswith("no GPU") for c in not_measured)
+    assert all(c.status == acc.PASS for c in report.checks if not c.needs_gpu)
+    assert report.verdict == acc.GO
+    assert acc.main(["report", str(cpu_results)]) == 0
+    assert (cpu_results / "report.txt").read_text().startswith(
+        "acceptance: GO (CPU cluster: checks that need a GPU may be not measured)")
+
+
+def test_on_a_cpu_cluster_a_check_that_needs_no_gpu_must_still_run(cpu_results):
+    edit_json(cpu_results / "layouts" / "model1.json", reference_losses=None)
+    report = acc.assemble(cpu_results)
+    assert blocking(report) == ["layout model1: killed rank recovers, losses bit-identical"]
+    assert report.verdict == acc.NO_GO
+
+
+# --- the rule itself, and bad input --------------------------------------------------------------------
+
+def check(status: str, needs_gpu: bool) -> acc.Check:
+    return acc.Check("x", status, "", "", "", "s", needs_gpu=needs_gpu)
+
+
+@pytest.mark.parametrize("gpu, checks, verdict", [
+    (True, [check(acc.PASS, True), check(acc.PASS, False)], acc.GO),
+    (True, [check(acc.PASS, False), check(acc.NOT_MEASURED, True)], acc.NO_GO),
+    (True, [check(acc.FAIL, False)], acc.NO_GO),
+    (False, [check(acc.PASS, False), check(acc.NOT_MEASURED, True)], acc.GO),
+    (False, [check(acc.NOT_MEASURED, False)], acc.NO_GO),
+    (False, [check(acc.FAIL, True)], acc.NO_GO),
+    (True, [check("skipped", False)], acc.NO_GO),
+    (True, [], acc.NO_GO),
+])
+def test_the_verdict_rule(gpu, checks, verdict):
+    assert acc.Report(gpu, checks).verdict == verdict
+
+
+def test_the_plot_draws_checks_without_numbers_and_unbounded_ratios(tmp_path):
+    report = acc.Report(True, [check(acc.NOT_MEASURED, True),
+                               acc.Check("y", acc.FAIL, "9", "1", "", "s", ratio=math.inf, limit=1.0),
+                               acc.Check("z", acc.PASS, "1", "1", "", "s", ratio=5.0, limit=0.8)])
+    report.write(tmp_path)
+    assert (tmp_path / "report.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: shutil.rmtree(d), "is not a folder — pass the acceptance job's results folder"),
+    (lambda d: (d / "expected.json").unlink(), "no expected.json with \"gpu\": true|false in"),
+    (lambda d: (d / "layouts" / "model1.json").write_text('{"losses": [1'), "model1.json is not valid JSON"),
+])
+def test_bad_input_exits_2_with_one_error_line(results, capsys, setup, message):
+    setup(results)
+    assert acc.main(["report", str(results)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and " — " in err[0]
