@@ -38,6 +38,8 @@ ENTRY_POINTS = [
     (PY + ["cluster_checks.nccl_tests", "/nonexistent_perf.log", "--out-dir", "x"], "— pass the *_perf.log files"),
     (PY + ["cluster_checks.collectives", "--out-dir", "x", "--backend", "mpi"], "argument --backend: invalid choice"),
     (PY + ["cluster_checks.input_diagnosis", "--out", "x", "--steps", "1"], "--workers must be >= 0, --batches >= 1, --steps >= 2 — see"),
+    (PY + ["cluster_checks.acceptance", "report", "/nonexistent"],
+     "/nonexistent is not a folder — pass the acceptance job's results folder"),
     (PY + ["local_cluster.client", "wait"], "the following arguments are required: job — see python -m local_cluster.client wait"),
     (PY + ["local_cluster.training_demo", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (PY + ["local_cluster.demo_data"], "the following arguments are required: out_dir — see python -m local_cluster.demo_data"),

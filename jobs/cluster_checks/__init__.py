@@ -15,4 +15,8 @@ Storage (jobs/fsx_perf.sh):
 Input pipeline (jobs/input_diagnosis.sh):
 - ``input_diagnosis``: measures the loader, host-to-device copies and real training steps.
 - ``input_verdict``: the pure verdict (loader-, copy- or compute-bound) and the setting to change.
+
+Acceptance (jobs/acceptance.sh):
+- ``acceptance``: every check of the acceptance run with its threshold and source, and one go / no-go
+  (report.json, a table, report.png), built from the other modules' results.
 """
