@@ -7,7 +7,7 @@ and works out:
 
 - tokens to train (steps x global batch x seq_len) and training FLOPs (6 x matmul parameters +
   causal attention per token, as MFU counts them in ``jobs/training/metrics.py``);
-- its MFU, estimated from the layout (``estimate_mfu``): the compute at ``plan.mfu`` (the MFU of a
+- its MFU, estimated from the layout (``jobs/training/throughput.py``): the compute at ``plan.mfu`` (the MFU of a
   step whose communication is hidden), plus the recomputation activation checkpointing adds, plus
   the communication that is not hidden (tensor parallel's, on the critical path; data parallel's
   beyond the compute it overlaps), counted by ``jobs/training/communication.py``;
@@ -29,9 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from training.communication import recomputed_layers, step_traffic
-from training.presets import PRESETS, Preset  # the model shapes and the memory model: torch-free, from jobs/
+from training.presets import PRESETS  # the model shapes, memory and step-time models: torch-free, from jobs/
 from training.sizing import GIB, RunShape, checkpoint_bytes, memory
+from training.throughput import estimate_mfu
 
 from cluster_config.model_jobs import model_config
 from cluster_config.settings import ModelPlan, Settings, SettingsError
@@ -63,67 +63,6 @@ GPUS = {
     "g5.12xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 40 / 8 / 4),
     "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 100 / 8 / 8),
 }
-# Bus bandwidth NCCL's ring all-gather/reduce-scatter reach, as a share of the link rate: nccl-tests on
-# 8 x H100 report ~360-480 GB/s of bus bandwidth on 450 GB/s links (the higher with NVLink SHARP).
-BUS_EFFICIENCY = 0.8
-
-
-@dataclass(frozen=True)
-class StepEstimate:
-    """Seconds per optimizer step on each GPU, by what the GPU waits for, and the MFU that follows."""
-
-    compute_s: float  # the step's FLOPs (with recomputation) at plan.mfu
-    tensor_parallel_s: float  # TP collectives: on the critical path (their overlap, async TP, is not modelled)
-    data_parallel_s: float  # FSDP/HSDP collectives, overlapped with compute
-    mfu: float
-
-    @property
-    def exposed_data_parallel_s(self) -> float:
-        return max(0.0, self.data_parallel_s - self.compute_s)
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + self.tensor_parallel_s + self.exposed_data_parallel_s
-
-
-def estimate_mfu(preset: Preset, train, *, vocab: int, seq_len: int, gpus: int, gpus_per_node: int, gpu: Gpu,
-                 compute_mfu: float) -> StepEstimate:
-    """One step of ``train`` (the model's training config) on ``gpus``: where the time goes, and its MFU.
-
-    MFU counts the model's FLOPs only (6 x matmul parameters + attention per token, as the trainer
-    reports it). The step also recomputes the forward of every checkpointed layer (2 x its matmul
-    parameters + 4 x hidden x seq_len per token) and waits for what its communication does not
-    overlap: tensor parallel's all-gathers and reduce-scatters (inside a node), and the part of the
-    data-parallel traffic longer than the compute (FSDP prefetches one layer ahead; HSDP's shard
-    group is one node, its replicas and FSDP's shards span nodes).
-    """
-    tp = train.tensor_parallel
-    dp = gpus // tp
-    accum = train.global_batch_size // (train.micro_batch_size * dp)
-    tokens = train.global_batch_size * seq_len / gpus  # per GPU; a TP group shares its tokens
-    useful = tokens * preset.flops_per_token(vocab, seq_len)
-    recomputed = recomputed_layers(preset.layers, train.activation_checkpointing, train.activation_checkpointing_every)
-    layer_forward = (2 * (preset.layer_parameters - 2 * preset.hidden) + 4 * preset.hidden * seq_len)
-    recompute = tokens * recomputed * layer_forward
-    peak = gpu.peak_tflops * 1e12
-    compute_s = (useful + recompute) / (peak * compute_mfu)
-    traffic = step_traffic(preset, vocab_size=vocab, micro_batch=train.micro_batch_size, seq_len=seq_len,
-                           accumulation=accum, tp=tp, dp=dp, parallelism=train.parallelism,
-                           hsdp_shard_size=train.hsdp_shard_size,
-                           activation_checkpointing=train.activation_checkpointing,
-                           activation_checkpointing_every=train.activation_checkpointing_every,
-                           grad_reduce=train.grad_reduce)
-    if not (gpu.node_link_gb_s and gpu.network_gb_s):  # an unknown instance type: communication not modelled
-        return StepEstimate(compute_s, 0.0, 0.0, useful / (compute_s * peak))
-    node, network = gpu.node_link_gb_s * BUS_EFFICIENCY * 1e9, gpu.network_gb_s * BUS_EFFICIENCY * 1e9
-    shard_inside_node = train.parallelism == "hsdp" and train.hsdp_shard_size * tp <= gpus_per_node
-    tp_s = traffic.bytes("tp") / node
-    dp_s = (traffic.bytes("dp_shard") / (node if shard_inside_node else network)
-            + traffic.bytes("dp_replicate") / network)
-    estimate = StepEstimate(compute_s, tp_s, dp_s, 0.0)
-    return StepEstimate(compute_s, tp_s, dp_s, useful / (estimate.step_s * peak))
-
-
 class PlanError(SettingsError):
     """The plan cannot run: a model does not fit in GPU memory, or checkpoints overflow their file system."""
 
@@ -289,7 +228,9 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     if gpu is None:
         return ModelRow(**row), errors, warnings
     step = estimate_mfu(preset, train, vocab=vocab, seq_len=seq_len, gpus=gpus,
-                        gpus_per_node=settings.gpu_queue.gpus_per_instance, gpu=gpu, compute_mfu=settings.plan.mfu)
+                        gpus_per_node=settings.gpu_queue.gpus_per_instance, peak_tflops=gpu.peak_tflops,
+                        node_link_gb_s=gpu.node_link_gb_s, network_gb_s=gpu.network_gb_s,
+                        compute_mfu=settings.plan.mfu)
     row["mfu"], row["step_s"] = step.mfu, step.step_s
     row["days"] = step.step_s * steps / 86400
     row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600

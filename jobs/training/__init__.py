@@ -7,6 +7,7 @@ Modules:
   presets     named model shapes (tiny ... 310B, Llama-2 7B/13B/70B), parameters and FLOPs; torch-free
   sizing      analytic per-GPU memory and checkpoint size (the cluster plan uses it); torch-free
   communication  the least collective traffic per layer and per step of a layout (counts, bytes); torch-free
+  throughput  a step's time on the target (compute, exposed communication) and the MFU that follows; torch-free
   evaluate    validation loss on the held-out split every ``eval.every`` steps
   status      ``python -m training.status``: every model's job, progress, losses, checkpoint, cost
   cluster     the bundle's models/cluster.json: its environment's models, GPU and price, generated from

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from cluster_config.model_jobs import model_config
-from cluster_config.plan import PlanError, build_plan, check_plan, estimate_mfu, format_plan, gpu_of
+from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, gpu_of
 from training.presets import PRESETS
+from training.throughput import estimate_mfu
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings
 from stacks.app import settings_for
 
@@ -152,8 +153,10 @@ def _model7_step(**train):
     settings = load_settings("prod")
     model = next(m for m in settings.models if m.name == "model7")
     cfg = model_config(settings, model).train.model_copy(update=train)
+    gpu = gpu_of(settings)
     return estimate_mfu(PRESETS["llama2-70b"], cfg, vocab=32000, seq_len=4096, gpus=272, gpus_per_node=8,
-                        gpu=gpu_of(settings), compute_mfu=0.40)
+                        peak_tflops=gpu.peak_tflops, node_link_gb_s=gpu.node_link_gb_s,
+                        network_gb_s=gpu.network_gb_s, compute_mfu=0.40)
 
 
 def test_model7_mfu_is_estimated_from_its_recomputation_and_tensor_parallel_traffic():
