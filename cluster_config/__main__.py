@@ -1,7 +1,9 @@
 """Command line: ``python -m cluster_config {render,plan,jobs,validate,...}``.
 
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
-  plan --env prod          print nodes/GPUs per model, hourly cost, FSx throughput vs demand
+  plan --env prod [--measured REPORT_JSON]
+                           print nodes/GPUs per model, MFU, days, hourly cost, FSx throughput vs demand;
+                           --measured: MFU and memory scaled by what the acceptance run measured
   jobs --env dev --out jobs [--model-list FILE]
                            write each model's jobs/train_<model>.sh and jobs/models/<model>.yaml, and
                            jobs/models/cluster.json (what the bundle's training.dry_run and
@@ -27,7 +29,7 @@ from pathlib import Path
 from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.model_jobs import write_job_files
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
-from cluster_config.plan import build_plan, format_plan, fsx_expectations
+from cluster_config.plan import build_plan, format_plan, fsx_expectations, read_measured
 from cluster_config.render import ClusterResources, RenderError, models_file, render_cluster_config, to_yaml
 from cluster_config.settings import SettingsError, available_environments, load_settings
 
@@ -47,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                             ("fsx-expected", "print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+        if name == "plan":
+            sub.add_argument("--measured", type=Path, metavar="REPORT_JSON",
+                             help="the acceptance run's report.json: MFU and memory as measured (jobs/acceptance.sh)")
     update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
     update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = load_settings(args.env)
             print(to_yaml(render_cluster_config(settings, ClusterResources.placeholders(settings))), end="")
         elif args.command == "plan":
-            print(format_plan(build_plan(load_settings(args.env))))
+            measured = read_measured(args.measured) if args.measured else None
+            print(format_plan(build_plan(load_settings(args.env), measured)))
         elif args.command == "jobs":
             settings = load_settings(args.env)
             for path in write_job_files(settings, args.out):

@@ -26,8 +26,11 @@ system are warnings. Each comes with the fix.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from training.presets import PRESETS  # the model shapes, memory and step-time models: torch-free, from jobs/
 from training.sizing import GIB, RunShape, checkpoint_bytes, memory
@@ -63,6 +66,42 @@ GPUS = {
     "g5.12xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 40 / 8 / 4),
     "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 100 / 8 / 8),
 }
+@dataclass(frozen=True)
+class Measured:
+    """What the day-one acceptance run measured of each shrunk layout (named by its recipe, e.g.
+    llama2-70b): MFU and peak memory, each as measured / predicted by the same models the plan uses
+    (``training.throughput`` and the dry run). The plan scales each model's estimates by its
+    recipe's ratios: the shrunk model's error is taken to hold for the full one."""
+
+    source: str
+    mfu_ratio: dict[str, float] = field(default_factory=dict)
+    memory_ratio: dict[str, float] = field(default_factory=dict)
+
+
+MEASURED_CHECK = re.compile(r"layout (?P<layout>\S+): (?P<what>MFU vs plan|peak GPU memory vs dry run)")
+
+
+def read_measured(path: Path) -> Measured:
+    """The ratios in an acceptance report.json (``python -m cluster_checks.acceptance report``)."""
+    try:
+        report = json.loads(path.read_text())
+        checks = report["checks"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SettingsError(f"--measured {path}: not an acceptance report.json ({type(exc).__name__}: {exc}); "
+                            "pass the report.json that jobs/acceptance.sh wrote") from None
+    measured = Measured(f"{path} (job {report.get('job', '?')}, verdict {report.get('verdict', '?')})")
+    for check in checks:
+        match = MEASURED_CHECK.fullmatch(str(check.get("name", "")))
+        ratio = check.get("ratio")
+        if match and isinstance(ratio, (int, float)) and ratio > 0 and check.get("status") in ("pass", "fail"):
+            which = measured.mfu_ratio if match["what"] == "MFU vs plan" else measured.memory_ratio
+            which[match["layout"]] = float(ratio)
+    if not measured.mfu_ratio and not measured.memory_ratio:
+        raise SettingsError(f"--measured {path}: the report measured no layout's MFU or memory (a CPU rehearsal, or "
+                            "the layout runs failed); run jobs/acceptance.sh on the GPU cluster first")
+    return measured
+
+
 class PlanError(SettingsError):
     """The plan cannot run: a model does not fit in GPU memory, or checkpoints overflow their file system."""
 
@@ -107,6 +146,7 @@ class Plan:
     usable_gib: float = 0.0
     checkpoint_capacity_bytes: float = 0.0
     errors: tuple[str, ...] = ()
+    measured: Measured | None = None  # the acceptance report the MFU and memory were scaled by
     warnings: tuple[str, ...] = ()
     reservation_counts: tuple[int, ...] = ()  # instance_count of each capacity reservation, in order
     capacity_blocks: bool = False  # the reservations are Capacity Blocks for ML (else ODCRs)
@@ -151,7 +191,7 @@ def gpu_of(settings: Settings) -> Gpu | None:
     return Gpu(known.name, memory_gib, tflops, known.node_link_gb_s, known.network_gb_s)
 
 
-def build_plan(settings: Settings) -> Plan:
+def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
     queue, assume = settings.gpu_queue, settings.plan
     file_systems = settings.storage.file_systems()
     ckpt_fs = file_systems["checkpoints"]
@@ -167,7 +207,8 @@ def build_plan(settings: Settings) -> Plan:
         gpus = model.nodes * queue.gpus_per_instance
         base = dict(name=model.name, preset=model.preset, nodes=model.nodes, gpus=gpus,
                     cost_per_hour_usd=model.nodes * queue.price_per_instance_hour_usd)
-        row, model_errors, model_warnings = _size_model(base, model, settings, gpu, usable_gib, ckpt_fs.throughput_mb_s)
+        row, model_errors, model_warnings = _size_model(base, model, settings, gpu, usable_gib, ckpt_fs.throughput_mb_s,
+                                                        measured)
         rows.append(row)
         errors += model_errors
         warnings += model_warnings
@@ -184,7 +225,7 @@ def build_plan(settings: Settings) -> Plan:
         data_demand_mb_s=sum(row.gpus for row in rows) * settings.storage.data_read_mb_s_per_gpu,
         throughput_mb_s={key: fs.throughput_mb_s for key, fs in file_systems.items()},
         gpu=gpu, mfu=assume.mfu, deadline_days=assume.deadline_days, usable_gib=usable_gib,
-        checkpoint_capacity_bytes=ckpt_fs.storage_capacity_gib * GIB,
+        checkpoint_capacity_bytes=ckpt_fs.storage_capacity_gib * GIB, measured=measured,
     )
     need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
     largest = max((row.checkpoint_bytes for row in rows), default=0.0)
@@ -209,7 +250,7 @@ def build_plan(settings: Settings) -> Plan:
 
 
 def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | None, usable_gib: float,
-                ckpt_mb_s: float) -> tuple[ModelRow, list[str], list[str]]:
+                ckpt_mb_s: float, measured: Measured | None = None) -> tuple[ModelRow, list[str], list[str]]:
     name, gpus = base["name"], base["gpus"]
     where = f"cluster_config/{settings.name}.yaml models: {name}"
     preset = PRESETS.get(model.preset)
@@ -232,7 +273,10 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                         node_link_gb_s=gpu.node_link_gb_s, network_gb_s=gpu.network_gb_s,
                         compute_mfu=settings.plan.mfu)
     row["mfu"], row["step_s"] = step.mfu, step.step_s
-    row["days"] = step.step_s * steps / 86400
+    mfu_ratio = measured.mfu_ratio.get(model.recipe_name) if measured else None
+    if mfu_ratio:  # the acceptance run measured this layout: its MFU relative to the same estimate
+        row["mfu"], row["step_s"] = step.mfu * mfu_ratio, step.step_s / mfu_ratio
+    row["days"] = row["step_s"] * steps / 86400
     row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600
     if train.grad_reduce != "every_micro_batch":
         warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
@@ -241,6 +285,9 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                    checkpoint_every=train.activation_checkpointing_every, tensor_parallel=train.tensor_parallel,
                    hsdp_shard_size=train.hsdp_shard_size)
     row["memory"] = memory(run).gib()
+    memory_ratio = measured.memory_ratio.get(model.recipe_name) if measured else None
+    if memory_ratio:
+        row["memory"] = {key: value * memory_ratio for key, value in row["memory"].items()}
     need = row["memory"]["total"]
     if need > usable_gib:
         fixes = [] if train.activation_checkpointing else ["set train.activation_checkpointing: true"]
@@ -260,7 +307,8 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     if deadline and row["days"] > deadline:
         nodes_needed = math.ceil(base["nodes"] * row["days"] / deadline)
         steps_fit = int(steps * deadline / row["days"])
-        warnings.append(f"{name}: finishes in {row['days']:.1f} days at {row['mfu']:.0%} MFU (estimated), after "
+        basis = "measured" if mfu_ratio else "estimated"
+        warnings.append(f"{name}: finishes in {row['days']:.1f} days at {row['mfu']:.0%} MFU ({basis}), after "
                         f"plan.deadline_days {deadline:g}; lower steps to {steps_fit:,} or fewer in {where}, "
                         f"or give it {nodes_needed} nodes")
     return ModelRow(**row), errors, warnings
@@ -340,6 +388,13 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  NOTE: {r.name} trains {r.tokens / r.parameters:.0f} tokens per parameter, below the "
                          f"compute-optimal ~{COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER} (Hoffmann et al. 2022); that "
                          f"would take {optimal_days:.0f} days on its {r.nodes} nodes")
+    if plan.measured:
+        m = plan.measured
+        ratios = ", ".join(f"{layout}: MFU x {m.mfu_ratio[layout]:.2f}" if layout in m.mfu_ratio else f"{layout}:"
+                           for layout in sorted({*m.mfu_ratio, *m.memory_ratio}))
+        memory_ratios = ", ".join(f"{layout} memory x {r:.2f}" for layout, r in sorted(m.memory_ratio.items()))
+        lines.append(f"  MEASURED by {m.source}: {ratios}; {memory_ratios}; every model of a measured recipe is "
+                     "scaled by its ratios, the others keep the estimates")
     lines += [f"  ERROR: {e}" for e in plan.errors]
     lines += [f"  WARNING: {w}" for w in plan.warnings]
     return "\n".join(lines)

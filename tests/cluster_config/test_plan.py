@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from cluster_config.model_jobs import model_config
-from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, gpu_of
+from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, gpu_of, read_measured
 from training.presets import PRESETS
 from training.throughput import estimate_mfu
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings
@@ -250,3 +250,44 @@ def test_deferred_gradient_reduction_points_to_the_dry_run(tmp_path, write_env):
 def test_bad_plan_settings_are_refused(tmp_path, write_env):
     with pytest.raises(SettingsError, match=r"plan.mfu: Input should be less than or equal to 1"):
         load_settings("prod", write_env(tmp_path, "prod", plan={"mfu": 40}))
+
+
+def acceptance_report(tmp_path, mfu_ratio: float, memory_ratio: float):
+    """The two checks of one shrunk layout that the plan reads, as cluster_checks.acceptance writes them."""
+    from cluster_checks.acceptance import Report, mfu, peak_memory
+
+    expected = 0.312  # the plan's estimate for the shrunk layout (training.throughput)
+    checks = [mfu("llama2-70b", mfu_ratio * expected * 989e12 / 4.4e11, 4.4e11, 989e12, expected),
+              peak_memory("llama2-70b", 50.0 * memory_ratio, 50.0)]
+    path = tmp_path / "report.json"
+    path.write_text(Report(gpu=True, checks=checks, context={"job": "4242"}).to_json())
+    return path
+
+
+def test_plan_measured_scales_the_measured_recipe_and_flags_a_late_model(tmp_path):
+    """The acceptance run measured the 70B layout at 85 % of its estimated MFU and 5 % more memory."""
+    report = acceptance_report(tmp_path, mfu_ratio=0.85, memory_ratio=1.05)
+    base = build_plan(load_settings("prod"))
+    measured = build_plan(load_settings("prod"), read_measured(report))
+    for a, b in zip(base.rows, measured.rows):
+        if a.name == "model7":
+            assert b.mfu == pytest.approx(0.85 * a.mfu) and b.days == pytest.approx(a.days / 0.85)
+            assert b.memory["total"] == pytest.approx(1.05 * a.memory["total"])
+        else:  # another recipe: estimates kept
+            assert (b.mfu, b.days, b.memory) == (a.mfu, a.days, a.memory)
+    late = [w for w in measured.warnings if w.startswith("model7: finishes in 16.4 days at 27% MFU (measured)")]
+    assert late and "lower steps to 43," in late[0]
+    out = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--measured", str(report)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "MEASURED by" in out and "job 4242" in out and "llama2-70b: MFU x 0.85" in out and "WARNING: model7" in out
+
+
+def test_plan_measured_refuses_a_report_without_layout_figures(tmp_path):
+    from cluster_checks.acceptance import Check, Report
+
+    report = tmp_path / "report.json"
+    report.write_text(Report(gpu=False, checks=[Check.no_gpu("layout llama2-70b: MFU vs plan", ">= 80 %", "x")]).to_json())
+    result = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--measured", str(report)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "measured no layout's MFU or memory" in result.stderr and "run jobs/acceptance.sh on the GPU cluster" in result.stderr
