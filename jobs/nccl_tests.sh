@@ -36,6 +36,12 @@ MAX_BYTES="${MAX_BYTES:-16G}"
 export NCCL_DEBUG=INFO
 
 TESTS=(all_reduce_perf all_gather_perf broadcast_perf reduce_perf reduce_scatter_perf alltoall_perf)
+# Inside another job (jobs/acceptance.sh): which tests, on how many of its nodes, how many ranks per
+# node (default: the allocation's tasks), and where the logs go.
+read -r -a RUN_TESTS <<<"${NCCL_TESTS_LIST:-${TESTS[*]}}"
+NODES="${NCCL_TESTS_NODES:-$SLURM_NNODES}"
+per_node=()
+[[ -n ${NCCL_TESTS_RANKS_PER_NODE:-} ]] && per_node=(--ntasks-per-node="$NCCL_TESTS_RANKS_PER_NODE")
 
 die() { echo "error: $*" >&2; exit 1; }
 
@@ -77,20 +83,20 @@ fi
 # Every rank runs the binaries from $NCCL_TESTS_HOME: name the nodes that cannot see them (a folder
 # that is not on shared storage) instead of six failed sruns.
 # shellcheck disable=SC2016 # expanded by the inner shell, on each node
-missing_on="$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \
+missing_on="$(srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 \
   bash -c 'for t in "${@:2}"; do [[ -x $1/build/$t ]] || { hostname; exit; }; done' check "$NCCL_TESTS_HOME" "${TESTS[@]}")"
 [[ -z $missing_on ]] ||
   die "nodes $(echo "$missing_on" | sort | paste -sd, -) do not see $NCCL_TESTS_HOME/build — set NCCL_TESTS_HOME to a folder every node mounts (default /opt/llm-jobs/tools/nccl-tests)"
 
-out_dir="$FSX_LOGS/validation/nccl-tests_${SLURM_JOB_ID}"
+out_dir="${NCCL_TESTS_OUT:-$FSX_LOGS/validation/nccl-tests_${SLURM_JOB_ID}}"
 mkdir -p "$out_dir"
-echo "job ${SLURM_JOB_ID}: ${SLURM_NNODES} nodes (${SLURM_JOB_NODELIST}), ${SLURM_NTASKS} ranks; logs in $out_dir"
+echo "job ${SLURM_JOB_ID}: ${NODES} of ${SLURM_NNODES} nodes (${SLURM_JOB_NODELIST}); logs in $out_dir"
 
 rc=0
-for t in "${TESTS[@]}"; do
+for t in "${RUN_TESTS[@]}"; do
   echo "--- $t"
   # -g 1: one GPU per rank; -f 2: double the size each step; -c 1: check every result.
-  srun --mpi="$NCCL_TESTS_MPI" "$NCCL_TESTS_HOME/build/$t" -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -g 1 -c 1 \
+  srun --nodes="$NODES" "${per_node[@]}" --mpi="$NCCL_TESTS_MPI" "$NCCL_TESTS_HOME/build/$t" -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -g 1 -c 1 \
     >"$out_dir/$t.log" 2>&1 || { rc=$?; echo "$t failed with exit code $rc (see $out_dir/$t.log)" >&2; }
   grep -E '^# (Out of bounds|Avg bus bandwidth)' "$out_dir/$t.log" || true
 done

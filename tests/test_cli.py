@@ -40,6 +40,7 @@ ENTRY_POINTS = [
     (PY + ["cluster_checks.input_diagnosis", "--out", "x", "--steps", "1"], "--workers must be >= 0, --batches >= 1, --steps >= 2 — see"),
     (PY + ["cluster_checks.acceptance", "report", "/nonexistent"],
      "/nonexistent is not a folder — pass the acceptance job's results folder"),
+    (PY + ["cluster_checks.node_record", "--queue", "gpu"], "the following arguments are required: --out — see"),
     (PY + ["local_cluster.client", "wait"], "the following arguments are required: job — see python -m local_cluster.client wait"),
     (PY + ["local_cluster.training_demo", "--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (PY + ["local_cluster.demo_data"], "the following arguments are required: out_dir — see python -m local_cluster.demo_data"),

@@ -18,5 +18,6 @@ Input pipeline (jobs/input_diagnosis.sh):
 
 Acceptance (jobs/acceptance.sh):
 - ``acceptance``: every check of the acceptance run with its threshold and source, and one go / no-go
+- ``node_record``: what the acceptance run records on each node (health check, jobs venv, driver, ECC)
   (report.json, a table, report.png), built from the other modules' results.
 """

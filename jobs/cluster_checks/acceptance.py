@@ -685,11 +685,11 @@ def compile_matches_eager(layout: str, compiled: Optional[Sequence[float]], eage
                   ratio=worst / COMPILE_RTOL if math.isfinite(worst) else None, limit=1.0)
 
 
-def recovery(layout: str, recovered: Optional[bool], reference: Optional[Mapping[int, float]],
+def recovery(scope: str, recovered: Optional[bool], reference: Optional[Mapping[int, float]],
              resumed: Optional[Mapping[int, float]]) -> Check:
     """A rank killed after a checkpoint: the job must resume on its own (``recovered``), and the losses of
     the steps after the resume must equal the uninterrupted run's bit for bit (step -> loss)."""
-    name = f"layout {layout}: killed rank recovers, losses bit-identical"
+    name = f"{scope}: killed rank recovers, losses bit-identical"
     expected = "resumed automatically; losses after the resume == uninterrupted run"
     if recovered is None or not reference or not resumed:
         return _not_measured(name, expected, "recovery result or the two runs' losses not recorded", RECOVERY_SOURCE)
@@ -710,10 +710,10 @@ def recovery(layout: str, recovered: Optional[bool], reference: Optional[Mapping
                   f"{len(common)} steps identical", expected, why, RECOVERY_SOURCE)
 
 
-def stall_detected(layout: str, detected_s: Optional[float], timeout_s: Optional[float]) -> Check:
+def stall_detected(scope: str, detected_s: Optional[float], timeout_s: Optional[float]) -> Check:
     """Seconds from stopping one rank (SIGSTOP) to the job noticing (a collective timeout or the watchdog);
     ``detected_s`` None with ``timeout_s`` set: it was never noticed."""
-    name = f"layout {layout}: stalled rank detected"
+    name = f"{scope}: stalled rank detected"
     expected = (f"<= {timeout_s + STALL_GRACE_S:.0f} s (timeout {timeout_s:.0f} s + {STALL_GRACE_S:.0f} s)"
                 if timeout_s else "within the collective timeout")
     if not timeout_s:
@@ -762,8 +762,6 @@ def layout_checks(layout: str, record: Optional[Mapping], gpu: bool = True) -> l
                    Check.no_gpu(f"layout {layout}: MFU vs plan", f">= {MFU_MIN_RATIO:.0%} of the plan", MFU_SOURCE),
                    Check.no_gpu(f"layout {layout}: compiled vs eager losses", f"within {COMPILE_RTOL:.0%}",
                                 COMPILE_SOURCE)]
-    checks += [recovery(layout, r.get("recovered"), r.get("reference_losses"), r.get("resumed_losses")),
-               stall_detected(layout, r.get("stall_detected_s"), r.get("collective_timeout_s"))]
     # A run that failed explains every number it did not record ("no GPU" stays as it is).
     if r.get("error") or r.get("oom"):
         cause = "out of memory" if r.get("oom") else r["error"]
@@ -796,6 +794,46 @@ def _read_json(path: Path) -> Optional[dict]:
     return data
 
 
+DRILL = "drill"
+
+
+def drill_checks(record: Optional[Mapping], scope: str = DRILL) -> list[Check]:
+    """Recovery and stall detection from DIR/drill/drill.json (``drill_record``); None: the drill did not run."""
+    r = record or {}
+    return [recovery(scope, r.get("recovered"), r.get("reference_losses"), r.get("resumed_losses")),
+            stall_detected(scope, r.get("stall_detected_s"), r.get("collective_timeout_s"))]
+
+
+def _losses(metrics: Path) -> tuple[dict[int, float], list[dict]]:
+    """(step -> the last loss logged for it, the event lines) of a run's metrics.jsonl."""
+    losses, events = {}, []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut by the kill
+                continue
+            if "loss" in record and "step" in record:
+                losses[int(record["step"])] = record["loss"]
+            elif "event" in record:
+                events.append(record)
+    return losses, events
+
+
+def drill_record(drill_dir: Path, stall_detected_s: Optional[float], timeout_s: float) -> dict:
+    """What jobs/acceptance.sh's drill did: runs ``reference`` (uninterrupted), ``recovered`` (killed after a
+    checkpoint, then started again) and ``stalled`` under DIR/<run>/logs/metrics.jsonl."""
+    reference, _ = _losses(drill_dir / "reference" / "logs" / "metrics.jsonl")
+    recovered, events = _losses(drill_dir / "recovered" / "logs" / "metrics.jsonl")
+    resumes = [e for e in events if e.get("event") == "start" and e.get("resumed")]
+    finished = any(e.get("event") == "complete" for e in events)
+    resumed_from = int(resumes[-1]["step"]) if resumes else None
+    resumed = {s: v for s, v in recovered.items() if resumed_from is not None and s > resumed_from}
+    return {"recovered": bool(resumes and finished), "resumed_from_step": resumed_from,
+            "reference_losses": reference, "resumed_losses": resumed,
+            "stall_detected_s": stall_detected_s, "collective_timeout_s": timeout_s}
+
+
 def assemble(results_dir: Path) -> Report:
     """The whole report from a results folder (the layout is in this module's docstring)."""
     if not results_dir.is_dir():
@@ -817,6 +855,7 @@ def assemble(results_dir: Path) -> Report:
                                     "expected.json names no layouts", "cluster_config/plan.py"))
     for layout in layouts:
         checks += layout_checks(layout, _read_json(results_dir / "layouts" / f"{layout}.json"), gpu)
+    checks += drill_checks(_read_json(results_dir / "drill" / "drill.json"))
     context = {k: manifest[k] for k in ("job",) if k in manifest}
     return Report(gpu, checks, {**context, "results_dir": str(results_dir)})
 
@@ -827,7 +866,18 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="write report.json, report.txt and report.png; exit 0 go, 1 no-go")
     rep.add_argument("results_dir", type=Path, help="the acceptance job's results folder")
     rep.add_argument("--out", type=Path, help="where to write the report (default: results_dir)")
+    drill = sub.add_parser("drill", help="write drill.json from the recovery and stall runs of jobs/acceptance.sh")
+    drill.add_argument("drill_dir", type=Path, help="the results folder's drill/ (runs reference, recovered, stalled)")
+    drill.add_argument("--stall-detected-s", type=float, help="seconds from stopping a rank to the run ending "
+                       "(omit: it never ended on its own)")
+    drill.add_argument("--timeout-s", type=float, required=True, help="the drill's collective timeout (train.timeout_s)")
     args = parser.parse_args(argv)
+    if args.command == "drill":
+        record = drill_record(args.drill_dir, args.stall_detected_s, args.timeout_s)
+        (args.drill_dir / "drill.json").write_text(json.dumps(record, indent=1) + "\n")
+        print(f"drill: recovered {record['recovered']} (resumed from step {record['resumed_from_step']}), "
+              f"stall detected in {args.stall_detected_s} s -> {args.drill_dir / 'drill.json'}")
+        return 0
     try:
         report = assemble(args.results_dir)
     except BadInput as exc:

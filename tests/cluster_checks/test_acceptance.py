@@ -40,8 +40,8 @@ GPU_CATALOGUE = [
     "storage: /fsx/data read/write vs provisioned", "storage: /fsx/checkpoints read/write vs provisioned",
     *[f"layout {m}: {what}" for m in ("model1", "model7") for what in (
         "run completes", "init std per parameter", "no two parameters/shards equal", "loss finite and decreasing",
-        "grad norm finite", "peak GPU memory vs dry run", "MFU vs plan", "compiled vs eager losses",
-        "killed rank recovers, losses bit-identical", "stalled rank detected")],
+        "grad norm finite", "peak GPU memory vs dry run", "MFU vs plan", "compiled vs eager losses")],
+    "drill: killed rank recovers, losses bit-identical", "drill: stalled rank detected",
 ]
 
 
@@ -233,12 +233,12 @@ def test_a_missing_layout_run_is_reported_not_skipped(results):
      "layout model1: init std per parameter", "1 parameter(s) off"),
     ("layouts", "model1", {"eager_losses": [10.41, 10.12, 9.63, 9.05, 8.51, 8.02, 7.66, 8.0]},
      "layout model1: compiled vs eager losses", "compiled layers compute something else"),
-    ("layouts", "model1", {"resumed_losses": {"5": 8.51, "6": 8.020001, "7": 7.66, "8": 7.41}},
-     "layout model1: killed rank recovers, losses bit-identical", "1 of 4 steps differ (first: step 6)"),
-    ("layouts", "model1", {"recovered": False}, "layout model1: killed rank recovers, losses bit-identical",
+    ("drill", "drill", {"resumed_losses": {"5": 8.51, "6": 8.020001, "7": 7.66, "8": 7.41}},
+     "drill: killed rank recovers, losses bit-identical", "1 of 4 steps differ (first: step 6)"),
+    ("drill", "drill", {"recovered": False}, "drill: killed rank recovers, losses bit-identical",
      "did not resume on its own"),
-    ("layouts", "model1", {"stall_detected_s": None}, "layout model1: stalled rank detected", "left the job hanging"),
-    ("layouts", "model1", {"stall_detected_s": 400.0}, "layout model1: stalled rank detected", "noticed later"),
+    ("drill", "drill", {"stall_detected_s": None}, "drill: stalled rank detected", "left the job hanging"),
+    ("drill", "drill", {"stall_detected_s": 400.0}, "drill: stalled rank detected", "noticed later"),
 ])
 def test_each_failure_blocks_alone_and_says_what_to_do(results, part, file, changes, name, why):
     path = results / part / f"{file}.json"
@@ -326,9 +326,9 @@ def test_on_a_cpu_cluster_no_gpu_checks_are_allowed_and_the_verdict_is_go(cpu_re
 
 
 def test_on_a_cpu_cluster_a_check_that_needs_no_gpu_must_still_run(cpu_results):
-    edit_json(cpu_results / "layouts" / "model1.json", reference_losses=None)
+    edit_json(cpu_results / "drill" / "drill.json", reference_losses=None)
     report = acc.assemble(cpu_results)
-    assert blocking(report) == ["layout model1: killed rank recovers, losses bit-identical"]
+    assert blocking(report) == ["drill: killed rank recovers, losses bit-identical"]
     assert report.verdict == acc.NO_GO
 
 
@@ -370,3 +370,48 @@ def test_bad_input_exits_2_with_one_error_line(results, capsys, setup, message):
     assert acc.main(["report", str(results)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0] and " — " in err[0]
+
+
+def write_metrics(path: Path, lines: list[dict]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 9, "lo')
+
+
+def test_drill_record_reads_the_runs_the_job_left(tmp_path):
+    """reference: 8 steps; recovered: killed after step 5, resumed from the step-4 checkpoint, completed."""
+    losses = {s: 10.0 - s / 2 for s in range(1, 9)}
+    write_metrics(tmp_path / "reference" / "logs", [{"event": "start", "step": 0, "resumed": False},
+                                                    *({"step": s, "loss": v} for s, v in losses.items()),
+                                                    {"event": "complete", "step": 8}])
+    write_metrics(tmp_path / "recovered" / "logs", [{"event": "start", "step": 0, "resumed": False},
+                                                    *({"step": s, "loss": losses[s] + 1} for s in range(1, 6)),
+                                                    {"event": "start", "step": 4, "resumed": True},
+                                                    *({"step": s, "loss": losses[s]} for s in range(5, 9)),
+                                                    {"event": "complete", "step": 8}])
+    assert acc.main(["drill", str(tmp_path), "--stall-detected-s", "41.5", "--timeout-s", "30"]) == 0
+    record = json.loads((tmp_path / "drill.json").read_text())
+    assert record["recovered"] and record["resumed_from_step"] == 4
+    checks = acc.drill_checks(record)
+    assert [c.status for c in checks] == [acc.PASS, acc.PASS]  # steps 5-8 identical; 41.5 s <= 30 + grace
+    # A resume that lost the data position: the losses after it differ.
+    record["resumed_losses"]["6"] += 1e-6
+    assert "1 of 4 steps differ (first: step 6)" in acc.drill_checks(record)[0].why
+
+
+def test_node_record_runs_the_prolog_s_check_and_the_venv(tmp_path, monkeypatch):
+    """On this (CPU) machine: the health check from HEALTH_CONF, the venv imports, no nvidia-smi facts."""
+    from cluster_checks import node_record
+
+    check = tmp_path / "check.sh"
+    check.write_text("#!/bin/bash\necho 'checking GPUs'\necho 'fatal NVIDIA Xid 79'\nexit 1\n")
+    check.chmod(0o755)
+    (tmp_path / "health.conf").write_text(f"HEALTH_CHECK={check}\n")
+    monkeypatch.delenv("HEALTH_CHECK", raising=False)
+    monkeypatch.setenv("HEALTH_CONF", str(tmp_path / "health.conf"))
+    monkeypatch.setenv("SLURMD_NODENAME", "cpu-dy-c7i-1")
+    monkeypatch.setattr(node_record.shutil, "which", lambda name: None)  # a CPU node: no nvidia-smi
+    assert node_record.main(["--queue", "cpu", "--out", str(tmp_path / "nodes")]) == 0
+    record = acc.NodeRecord(**json.loads((tmp_path / "nodes" / "cpu-dy-c7i-1.json").read_text()))
+    assert (record.queue, record.gpus_expected, record.health_rc) == ("cpu", 0, 1)
+    assert record.health_output.endswith("fatal NVIDIA Xid 79") and record.venv_ok and record.driver_cuda is None
+    assert "fatal NVIDIA Xid 79" in acc.node_health([record]).why
