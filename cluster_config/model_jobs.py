@@ -112,7 +112,7 @@ exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {model.name
 
 def cluster_file(settings: Settings) -> dict:
     """The settings the bundle's commands read (jobs/training/cluster.py: ``Cluster``), as JSON data."""
-    from cluster_config.plan import gpu_of  # plan.py imports this module: imported when called
+    from cluster_config.plan import fsx_expectations, gpu_of  # plan.py imports this module: imported when called
 
     queue, gpu = settings.gpu_queue, gpu_of(settings)
     return {
@@ -126,6 +126,12 @@ def cluster_file(settings: Settings) -> dict:
         "price_per_instance_hour_usd": queue.price_per_instance_hour_usd,
         "price_per_gpu_hour_usd": queue.price_per_instance_hour_usd / queue.gpus_per_instance,
         "deadline_days": settings.plan.deadline_days,
+        # What the acceptance run measures against: the plan's step-time model and FSx's provisioned throughput.
+        "peak_tflops": gpu.peak_tflops if gpu else None,
+        "node_link_gb_s": gpu.node_link_gb_s if gpu else 0.0,
+        "network_gb_s": gpu.network_gb_s if gpu else 0.0,
+        "plan_mfu": settings.plan.mfu,
+        "fsx_expected_mb_s": fsx_expectations(settings),
         "models": {model.name: {"nodes": model.nodes, "gpus_per_node": queue.gpus_per_instance,
                                 "world_size": model.nodes * queue.gpus_per_instance,
                                 "config": f"models/{model.name}.yaml"}

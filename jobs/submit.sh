@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Submit a model's training only after its preflight passed on this (head) node:
 #   bash jobs/submit.sh MODEL [--config FILE] [section.key=value ...]
+#   bash jobs/submit.sh acceptance [sbatch options]   the day-one acceptance run (jobs/acceptance.sh)
 # Runs `python -m training.preflight` with the same arguments (config parses; dataset exists and
 # matches seq_len, vocabulary and dtype; its tokenizer loads; checkpoint folder writable). On a
 # problem it prints `error: <what> — <fix>` and exits 2 without taking any node; else it runs
@@ -10,6 +11,10 @@ set -euo pipefail
 MODEL="${1:?usage: submit.sh MODEL [--config FILE] [section.key=value ...]}"
 shift
 JOBS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ $MODEL == acceptance ]]; then  # the day-one acceptance run (docs/acceptance.md): no model, no preflight
+  cd "$JOBS_DIR/.."
+  exec sbatch "$@" "$JOBS_DIR/acceptance.sh"
+fi
 script="$JOBS_DIR/train_$MODEL.sh"
 if [[ ! -f $script ]]; then
   known=$(cd "$JOBS_DIR" && ls train_*.sh 2>/dev/null | sed 's/^train_//; s/\.sh$//' | tr '\n' ' ')

@@ -48,6 +48,11 @@ class Cluster:
     price_per_instance_hour_usd: float
     price_per_gpu_hour_usd: float
     deadline_days: float | None
+    peak_tflops: float | None  # dense bf16 of the GPU (the MFU denominator)
+    node_link_gb_s: float  # per GPU and direction: within a node (NVLink), across nodes (0: unknown)
+    network_gb_s: float
+    plan_mfu: float  # the plan's MFU with communication hidden (training.throughput's compute_mfu)
+    fsx_expected_mb_s: str  # provisioned MB/s per FSx mount, "/fsx/data=7031.2,..." (jobs/fsx_perf.sh)
     models: dict[str, ModelJob]
 
     @property
