@@ -23,6 +23,8 @@ Modules:
   backup      copy the final checkpoint to S3 and verify it
   plot        loss curve PNG from a run's metrics.jsonl
   dry_run     one rank of the production job on the fake process group: memory by category
+  layout_check  one production layout shrunk (its widths, 2 layers) on the ranks at hand: init, loss, memory,
+              MFU, compile vs eager, as numbers for the acceptance report
 
 The local-cluster demo and its dataset live beside the local cluster (local_cluster/), not here:
 this package ships to the real cluster.
