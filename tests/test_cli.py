@@ -42,6 +42,8 @@ ENTRY_POINTS = [
     (PY + ["cluster_checks.nccl_tests", "/nonexistent_perf.log", "--out-dir", "x"], "— pass the *_perf.log files"),
     (PY + ["cluster_checks.collectives", "--out-dir", "x", "--backend", "mpi"], "argument --backend: invalid choice"),
     (PY + ["cluster_checks.input_diagnosis", "--out", "x", "--steps", "1"], "--workers must be >= 0, --batches >= 1, --steps >= 2 — see"),
+    (PY + ["training.layout_check", "--recipe", "/nonexistent.yaml"],
+     "config file /nonexistent.yaml does not exist; see jobs/training/configs/ for examples"),
     (PY + ["cluster_checks.acceptance", "report", "/nonexistent"],
      "/nonexistent is not a folder — pass the acceptance job's results folder"),
     (PY + ["cluster_checks.node_record", "--queue", "gpu"], "the following arguments are required: --out — see"),
