@@ -135,7 +135,7 @@ recorded() { [[ -f $RUN/created ]] && grep -qx "$1" "$RUN/created"; }
 
 # --- configuration ----------------------------------------------------------------------------
 write_config() {
-  mkdir -p "$ETC" "$RUN/munge" "$STATE" "$LOGS" "$FSX"/{data,checkpoints,logs/validation}
+  mkdir -p "$ETC" "$RUN/munge" "$STATE" "$LOGS" "$FSX"/{data,checkpoints,logs/validation,logs/acceptance}
   chmod 755 "$RUN/munge"
   if [[ ! -s $ETC/munge.key ]]; then
     (umask 077 && dd if=/dev/urandom of="$ETC/munge.key" bs=1024 count=1 status=none)
@@ -223,6 +223,13 @@ done
 EOF
     chmod 755 "$ETC/$hook.sh"
   done
+  # The same check for a job that runs it itself (jobs/acceptance.sh: HEALTH_CONF=<this file>), as
+  # ParallelCluster's /opt/slurm/etc/llm/health.conf would name it.
+  mkdir -p "$SLURM_ETC_DIR/llm"
+  cat >"$SLURM_ETC_DIR/llm/health.conf" <<EOF
+HEALTH_CHECK=$REPO/local_cluster/health_check.sh LOCAL_HEALTH_MARKERS=$FSX/.node-health
+NODE_HEALTH_CHECK=$SLURM_ETC_DIR/llm/node_health.sh NODE_HEALTH_ENV=$NODE_LOCAL/etc/llm/node-health.env
+EOF
 
   write_dbd_config
 

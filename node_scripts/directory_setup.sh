@@ -262,9 +262,11 @@ make_tree() {
   shift 3
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
-  # Output of the validation jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out; Slurm does not
-  # create an --output folder and fails the job without a log when it is missing).
+  # Output of the validation and acceptance jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
+  # jobs/acceptance.sh /fsx/logs/acceptance/; Slurm does not create an --output folder and fails
+  # the job without a log when it is missing).
   make_dir "$logs/validation" narrow
+  make_dir "$logs/acceptance" narrow
   for model in "$@"; do
     make_dir "$checkpoints/$model" wide
     make_dir "$logs/$model" narrow

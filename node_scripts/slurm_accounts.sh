@@ -14,12 +14,13 @@
 #   account <m>   organization llm-model, the QOS <m> as its only QOS and default
 # A model in the database but not in the list is retired: its QOS limits go to zero (every new job
 # is refused) and its account stays, with its usage history for sacct/sreport.
-# Account ops: QOS ops with GrpTRES=node=<ops-nodes> (default 2); it is every user's default account.
+# Account ops: QOS ops with GrpTRES=node=<ops-nodes> (default 3: the acceptance run holds 2 GPU nodes
+# and waits for 1 CPU node); it is every user's default account.
 # Users (--user, repeatable; default: the invoking user) get an association with every account.
 set -euo pipefail
 
 ORG=llm-model
-ops_nodes=2
+ops_nodes=3
 users=()
 models_file=""
 

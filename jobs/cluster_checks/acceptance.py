@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -834,6 +836,24 @@ def drill_record(drill_dir: Path, stall_detected_s: Optional[float], timeout_s: 
             "stall_detected_s": stall_detected_s, "collective_timeout_s": timeout_s}
 
 
+def training_workers(node: str, module: str = "training.train") -> list[int]:
+    """PIDs of the training workers (``python -u -m <module>``, not torchrun or srun) of a Slurm job on
+    ``node``: by their command line and the node Slurm started them on (SLURMD_NODENAME), so that
+    nodes sharing one process table (the local cluster) are told apart too."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        worker = Path(words[0]).name.startswith("python") and module in words[1:4] and "-m" in words[1:4]
+        if worker and f"SLURMD_NODENAME={node}".encode() in environ and int(proc.name) != os.getpid():
+            pids.append(int(proc.name))
+    return pids
+
+
 def assemble(results_dir: Path) -> Report:
     """The whole report from a results folder (the layout is in this module's docstring)."""
     if not results_dir.is_dir():
@@ -871,7 +891,16 @@ def main(argv: list[str] | None = None) -> int:
     drill.add_argument("--stall-detected-s", type=float, help="seconds from stopping a rank to the run ending "
                        "(omit: it never ended on its own)")
     drill.add_argument("--timeout-s", type=float, required=True, help="the drill's collective timeout (train.timeout_s)")
+    sig = sub.add_parser("signal", help="signal the training workers on a node (the drill's fault)")
+    sig.add_argument("--node", required=True, help="the node whose workers to signal")
+    sig.add_argument("--signal", required=True, choices=["KILL", "STOP", "CONT"])
     args = parser.parse_args(argv)
+    if args.command == "signal":
+        pids = training_workers(args.node)
+        for pid in pids:
+            os.kill(pid, getattr(signal, f"SIG{args.signal}"))
+        print(f"SIG{args.signal} to {len(pids)} training worker(s) on {args.node}: {' '.join(map(str, pids))}")
+        return 0 if pids else 1
     if args.command == "drill":
         record = drill_record(args.drill_dir, args.stall_detected_s, args.timeout_s)
         (args.drill_dir / "drill.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""What the acceptance run records on one node: ``<out>/<node>.json`` (``acceptance.NodeRecord``).
+"""What the acceptance run records on one node: ``<out>/<queue>_<node>.json`` (``acceptance.NodeRecord``).
 
     python -m cluster_checks.node_record --queue gpu --gpus 8 --out DIR
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -31,19 +30,14 @@ HEALTH_CHECK = "/opt/slurm/etc/llm/node_health.sh"
 HEALTH_TIMEOUT_S = 120  # as the prolog: a check that hangs (a stuck driver) is a failure too
 
 
-def health_command() -> list[str]:
-    """The prolog's check: HEALTH_CHECK from the environment, else from HEALTH_CONF, else node_health.sh."""
-    command = os.environ.get("HEALTH_CHECK")
-    conf = Path(os.environ.get("HEALTH_CONF", HEALTH_CONF))
-    if not command and conf.is_file():
-        match = re.search(r"^\s*(?:export\s+)?HEALTH_CHECK=(.+)$", conf.read_text(), re.MULTILINE)
-        command = shlex.split(match.group(1))[0] if match else None
-    return shlex.split(command or HEALTH_CHECK)
+# As node_scripts/slurm_health_hook.sh runs it: HEALTH_CONF's settings (HEALTH_CHECK and what it reads), exported.
+RUN_CHECK = ('set -a; conf="${HEALTH_CONF:-%s}"; if [[ -f $conf ]]; then source "$conf"; fi; set +a; '
+             'exec "${HEALTH_CHECK:-%s}"' % (HEALTH_CONF, HEALTH_CHECK))
 
 
 def run_health_check() -> tuple[int, str]:
     try:
-        done = subprocess.run(health_command(), capture_output=True, text=True, timeout=HEALTH_TIMEOUT_S)
+        done = subprocess.run(["bash", "-c", RUN_CHECK], capture_output=True, text=True, timeout=HEALTH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return 124, f"no answer within {HEALTH_TIMEOUT_S}s"
     except OSError as exc:
@@ -101,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     node = record(args.queue, args.gpus)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{node.node}.json"
+    path = args.out / f"{args.queue}_{node.node}.json"  # a node in two queues (the local cluster) twice
     path.write_text(json.dumps(asdict(node), indent=1) + "\n")
     print(f"{node.node} ({args.queue}): health {'ok' if node.health_rc == 0 else f'exit {node.health_rc}'}, "
           f"venv {'ok' if node.venv_ok else 'BROKEN'} -> {path}")

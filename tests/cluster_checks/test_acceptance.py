@@ -411,7 +411,7 @@ def test_node_record_runs_the_prolog_s_check_and_the_venv(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURMD_NODENAME", "cpu-dy-c7i-1")
     monkeypatch.setattr(node_record.shutil, "which", lambda name: None)  # a CPU node: no nvidia-smi
     assert node_record.main(["--queue", "cpu", "--out", str(tmp_path / "nodes")]) == 0
-    record = acc.NodeRecord(**json.loads((tmp_path / "nodes" / "cpu-dy-c7i-1.json").read_text()))
+    record = acc.NodeRecord(**json.loads((tmp_path / "nodes" / "cpu_cpu-dy-c7i-1.json").read_text()))
     assert (record.queue, record.gpus_expected, record.health_rc) == ("cpu", 0, 1)
     assert record.health_output.endswith("fatal NVIDIA Xid 79") and record.venv_ok and record.driver_cuda is None
     assert "fatal NVIDIA Xid 79" in acc.node_health([record]).why
