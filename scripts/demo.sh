@@ -20,25 +20,25 @@ FSX_HOST="$REPO/.local_cluster/fsx"     # what the nodes see as /fsx
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/6 Synthesize every environment (cdk synth, cdk-nag, cfn-lint)"
+step "1/7 Synthesize every environment (cdk synth, cdk-nag, cfn-lint)"
 scripts/synth_all.sh
 
-step "2/6 ParallelCluster: schema, emulated deploy, its validators and update checks, checkov"
+step "2/7 ParallelCluster: schema, emulated deploy, its validators and update checks, checkov"
 python -m cluster_config validate --all   # (synth above printed each environment's plan)
 
-step "3/6 Local Slurm cluster (3 nodes booted through dev's custom actions, accounting): smoke test and collective benchmark"
+step "3/7 Local Slurm cluster (3 nodes booted through dev's custom actions, accounting): smoke test and collective benchmark"
 local_cluster/demo.sh --max-bytes 4M
 
-step "4/6 Data pipeline: tokenize job array on the cpu partition"
+step "4/7 Data pipeline: tokenize job array on the cpu partition"
 DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
 
-step "5/6 Training: dev's model1 (2 nodes) and model2 (1 node) on their shares; interrupt, requeue, resume"
+step "5/7 Training: dev's model1 (2 nodes) and model2 (1 node) on their shares; interrupt, requeue, resume"
 python -m local_cluster.training_demo --fsx "$FSX_HOST"
 # One view of every model of the environment: Slurm state, losses, checkpoint, backup, cost so far.
 python -m training.status --env dev --logs "$FSX_HOST/logs" --checkpoints "$FSX_HOST/checkpoints" \
   --png "$FSX_HOST/logs/status.png"
 
-step "6/6 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
+step "6/7 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
 # Small sizes for a laptop-sized machine (the real defaults are sized for Lustre), compared with
 # what dev provisions. A mount measured below it (exit 1, BELOW) is a finding here, not a failure;
 # a failed measurement or a missing mount is.
@@ -56,11 +56,21 @@ sbatch --wait --exclusive=user jobs/input_diagnosis.sh --steps 6 --batches 50 >/
 diag_log=$(ls -t "$FSX_HOST"/logs/validation/input-diagnosis_*.out | sed -n 1p)
 sed -n '/loader alone/,$p' "$diag_log"
 
+step "7/7 Day-one acceptance run, rehearsed on CPUs (docs/acceptance.md): 2 gpu-queue nodes + 1 cpu-queue node"
+# The production recipes at tiny widths; the checks that need a GPU say so ("not measured: no GPU").
+acceptance_job=$(HEALTH_CONF="$PWD/.local_cluster/opt/slurm/etc/llm/health.conf" \
+  ACCEPTANCE_RECIPES="jobs/training/configs/llama2-7b.yaml jobs/training/configs/llama2-70b.yaml" \
+  ACCEPTANCE_PRESET=tiny ACCEPTANCE_STEPS=8 NPROC_PER_NODE=2 FSX_EXPECTED_MB_S=$(python -m cluster_config fsx-expected --env dev) \
+  FSX_PERF_XFER=1m FSX_PERF_BLOCK=8m FSX_PERF_FILES_PER_TASK=200 FSX_PERF_SECONDS=10 \
+  sbatch --parsable --wait --ntasks-per-node=1 --exclusive=user jobs/acceptance.sh) || true
+sed -n '/^acceptance: /,/^$/p' "$FSX_HOST/logs/acceptance/${acceptance_job%%;*}/report.txt" 2>/dev/null ||
+  { echo "error: the acceptance job left no report — see $FSX_HOST/logs/acceptance/" >&2; exit 1; }
+
 step "Done"
 cat <<EOF
 templates:          cdk.out/<env>/
 cluster configs:    python -m cluster_config render --env <env>
-job logs and plots: $FSX_HOST/logs/  (validation/, model1/loss.png, status.png)
+job logs and plots: $FSX_HOST/logs/  (validation/, acceptance/, model1/loss.png, status.png)
 shards:             $FSX_HOST/data/demo/tokenized
 checkpoints:        $FSX_HOST/checkpoints/model1
 the local cluster is still up: sinfo, squeue; make cluster-down to stop it
