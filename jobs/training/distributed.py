@@ -211,7 +211,7 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip all gradients to a total L2 norm of ``max_norm``; returns the norm (a plain tensor).
 
     Parameters may live on different device meshes (FSDP x tensor parallel: matrices on both,
-    norms and embeddings on the data-parallel mesh only), which one foreach norm cannot mix: the
+    the embedding on the data-parallel mesh only), which one foreach norm cannot mix: the
     norm is taken per mesh and combined.
     """
     by_mesh: dict = {}
