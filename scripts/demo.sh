@@ -63,7 +63,7 @@ acceptance_job=$(HEALTH_CONF="$PWD/.local_cluster/opt/slurm/etc/llm/health.conf"
   ACCEPTANCE_PRESET=tiny ACCEPTANCE_STEPS=8 NPROC_PER_NODE=2 FSX_EXPECTED_MB_S=$(python -m cluster_config fsx-expected --env dev) \
   FSX_PERF_XFER=1m FSX_PERF_BLOCK=8m FSX_PERF_FILES_PER_TASK=200 FSX_PERF_SECONDS=10 \
   sbatch --parsable --wait --ntasks-per-node=1 --exclusive=user jobs/acceptance.sh) || true
-sed -n '/^acceptance: /,/^$/p' "$FSX_HOST/logs/acceptance/${acceptance_job%%;*}/report.txt" 2>/dev/null ||
+sed '/^sources:/,$d' "$FSX_HOST/logs/acceptance/${acceptance_job%%;*}/report.txt" 2>/dev/null ||
   { echo "error: the acceptance job left no report — see $FSX_HOST/logs/acceptance/" >&2; exit 1; }
 
 step "Done"
