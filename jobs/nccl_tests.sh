@@ -39,7 +39,7 @@ TESTS=(all_reduce_perf all_gather_perf broadcast_perf reduce_perf reduce_scatter
 # Inside another job (jobs/acceptance.sh): which tests, on how many of its nodes, how many ranks per
 # node (default: the allocation's tasks), and where the logs go.
 read -r -a RUN_TESTS <<<"${NCCL_TESTS_LIST:-${TESTS[*]}}"
-NODES="${NCCL_TESTS_NODES:-$SLURM_NNODES}"
+NODES="${NCCL_TESTS_NODES:-${SLURM_NNODES:-1}}"
 per_node=()
 [[ -n ${NCCL_TESTS_RANKS_PER_NODE:-} ]] && per_node=(--ntasks-per-node="$NCCL_TESTS_RANKS_PER_NODE")
 
@@ -90,7 +90,7 @@ missing_on="$(srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 \
 
 out_dir="${NCCL_TESTS_OUT:-$FSX_LOGS/validation/nccl-tests_${SLURM_JOB_ID}}"
 mkdir -p "$out_dir"
-echo "job ${SLURM_JOB_ID}: ${NODES} of ${SLURM_NNODES} nodes (${SLURM_JOB_NODELIST}); logs in $out_dir"
+echo "job ${SLURM_JOB_ID}: ${NODES} nodes (${SLURM_JOB_NODELIST}); logs in $out_dir"
 
 rc=0
 for t in "${RUN_TESTS[@]}"; do

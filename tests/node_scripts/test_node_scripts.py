@@ -130,7 +130,8 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     assert f"setstripe -c -1 -S 4M {node / 'checkpoints' / 'model1'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'model1' / 'tensorboard'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'validation'}" in lines
-    assert len(lines) == 2 + 1 + 1 + 2  # data/{raw,tokenized}, validation logs, model1 checkpoints + 2 log folders
+    assert f"setstripe -c 1 {node / 'logs' / 'acceptance'}" in lines
+    assert len(lines) == 2 + 2 + 1 + 2  # data/{raw,tokenized}, validation and acceptance logs, model1 checkpoints + 2 log folders
 
 
 @needs_mount_namespace
