@@ -16,6 +16,7 @@ Fixtures:
 from __future__ import annotations
 
 import json
+import os
 import math
 import shutil
 from pathlib import Path
@@ -415,3 +416,23 @@ def test_node_record_runs_the_prolog_s_check_and_the_venv(tmp_path, monkeypatch)
     assert (record.queue, record.gpus_expected, record.health_rc) == ("cpu", 0, 1)
     assert record.health_output.endswith("fatal NVIDIA Xid 79") and record.venv_ok and record.driver_cuda is None
     assert "fatal NVIDIA Xid 79" in acc.node_health([record]).why
+
+
+def test_node_record_reads_the_driver_and_memory_errors_from_nvidia_smi(tmp_path, monkeypatch):
+    """The GPU node's branch, with a stand-in nvidia-smi answering as the real one does (CSV, no header)."""
+    from cluster_checks import node_record
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/bash\n"
+                   "case $1 in\n"
+                   "  --query-gpu=*) printf '0\\n[N/A]\\n2\\n' ;;\n"
+                   "  --query-remapped-rows=*) printf 'No, No\\nYes, No\\n' ;;\n"
+                   "  *) echo '| NVIDIA-SMI 570.133.20   Driver Version: 570.133.20   CUDA Version: 12.8 |' ;;\n"
+                   "esac\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    facts = node_record.gpu_facts()
+    assert facts == {"driver_cuda": "12.8", "ecc_uncorrected": 2, "row_remap_pending": True, "row_remap_failed": False}
+    record = acc.NodeRecord(node="gpu-1", queue="gpu", gpus_expected=8, torch_cuda="12.9", **facts)
+    assert acc.driver_supports_torch([record]).status == acc.FAIL  # 12.8 driver, 12.9 build
+    assert acc.ecc_clean([record]).status == acc.FAIL
