@@ -365,6 +365,25 @@ class PlanSettings(_Strict):
     gpu_peak_tflops: Optional[float] = Field(None, gt=0)  # dense bf16; default: from the instance type
 
 
+class AlertsSettings(_Strict):
+    """Who is told when something breaks, and when a silent model counts as stalled (docs/monitoring.md)."""
+
+    # Addresses subscribed to the environment's SNS alert topic; each confirms the e-mail AWS sends.
+    email: list[str] = Field(default_factory=list)
+    # TrainingStalled fires after max(this, 5 x the model's median step time) without a step.
+    stall_floor_s: int = Field(600, gt=0)
+
+    @field_validator("email")
+    @classmethod
+    def _emails(cls, value: list[str]) -> list[str]:
+        for address in value:
+            if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", address):
+                raise ValueError(f"{address!r} is not an e-mail address, e.g. ml-oncall@example.com")
+        if len(set(value)) != len(value):
+            raise ValueError("an address is listed twice; list each once")
+        return value
+
+
 class Settings(_Strict):
     name: str
     account: str
@@ -378,6 +397,7 @@ class Settings(_Strict):
     storage: StorageSettings
     models: list[ModelPlan] = Field(default_factory=list)
     plan: PlanSettings = PlanSettings()
+    alerts: AlertsSettings = AlertsSettings()
     # DevSettings.Timeouts.ComputeNodeBootstrapTimeout. ParallelCluster's default holds what the compute
     # nodes' custom actions add at boot (python3.11 from dnf: about a minute). It is also Slurm's
     # ResumeTimeout, how long a node may take to come up before it counts as failed, so a larger

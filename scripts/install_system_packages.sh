@@ -3,7 +3,10 @@
 set -euo pipefail
 
 # slurmdbd + mariadb-server: the local cluster's accounting database (sacct, sreport, per-model QOS).
-packages=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 procps fio)
+# prometheus (+ promtool), prometheus-alertmanager (+ amtool), prometheus-node-exporter: the alert rules'
+# unit tests and the local cluster's monitoring (docs/monitoring.md).
+packages=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 procps fio
+  prometheus prometheus-alertmanager prometheus-node-exporter)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$package")
