@@ -4,7 +4,8 @@ Per log interval: loss, learning rate, grad norm, tokens/s (per device and total
 against the device's dense bf16 peak), data-wait share (time blocked fetching the next batch over
 step time), checkpoint blocking time, and memory (GPU: peak allocated; CPU: resident set). The log
 line starts with ``step N/total`` and ends with the run's elapsed time and ETA; the samples
-checksum (which data rank 0 saw, for the exact-resume tests) goes to metrics.jsonl only.
+checksum (which data rank 0 saw, for the exact-resume tests) goes to metrics.jsonl only, as does
+the ``time`` (epoch seconds) of every line there: the head node's exporter tells a stall by it.
 Weights & Biases is used only when WANDB_API_KEY is set (imported lazily; optional).
 """
 
@@ -107,7 +108,7 @@ class Metrics:
         if self.is_main:
             log.info("%s %s", self._progress(step), " ".join(f"{k}={_fmt(v)}" for k, v in record.items()
                                                              if k not in ("step", "samples_crc")))
-            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.write(json.dumps({**record, "time": time.time()}) + "\n")
             self._jsonl.flush()
             for key, value in record.items():
                 if key not in ("step", "samples_crc"):
@@ -122,7 +123,7 @@ class Metrics:
         self.interval_start += seconds
         if self.is_main:
             log.info("step %d %s", step, " ".join(f"{k}={_fmt(v)}" for k, v in record.items()))
-            self._jsonl.write(json.dumps({"step": step, **record}) + "\n")
+            self._jsonl.write(json.dumps({"step": step, **record, "time": time.time()}) + "\n")
             self._jsonl.flush()
             for key, value in record.items():
                 self._tb.add_scalar(f"val/{key}", value, step)
@@ -139,7 +140,7 @@ class Metrics:
     def event(self, **fields) -> None:
         """A one-off line (resume, stop, checkpoint) in the JSONL log, for tools and tests."""
         if self.is_main:
-            self._jsonl.write(json.dumps({"event": fields.pop("kind"), **fields}) + "\n")
+            self._jsonl.write(json.dumps({"event": fields.pop("kind"), "time": time.time(), **fields}) + "\n")
             self._jsonl.flush()
 
     def close(self) -> None:
