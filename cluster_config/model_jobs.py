@@ -9,8 +9,8 @@ A model is described in one place. From its entry come, in every environment:
                              batch, steps and overrides (what to train)
 
 and, once per environment, jobs/models/cluster.json: what the bundle's own commands (training.dry_run,
-training.status) need of the settings, read by jobs/training/cluster.py, so the bundle never needs
-this package.
+training.status, monitoring.exporter) need of the settings, read by jobs/training/cluster.py, so the
+bundle never needs this package.
 
 The cluster stack ships them in the jobs bundle, so ``sbatch jobs/train_model1.sh`` on a cluster runs
 that cluster's model1; ``python -m cluster_config jobs --env ENV --out jobs`` writes them locally (the
@@ -132,6 +132,9 @@ def cluster_file(settings: Settings) -> dict:
         "network_gb_s": gpu.network_gb_s if gpu else 0.0,
         "plan_mfu": settings.plan.mfu,
         "fsx_expected_mb_s": fsx_expectations(settings),
+        # What the head node's exporter publishes beside its metrics (docs/monitoring.md).
+        "stall_floor_s": settings.alerts.stall_floor_s,
+        "spare_nodes": 0,  # no spares in the settings yet
         "models": {model.name: {"nodes": model.nodes, "gpus_per_node": queue.gpus_per_instance,
                                 "world_size": model.nodes * queue.gpus_per_instance,
                                 "config": f"models/{model.name}.yaml"}
