@@ -1,9 +1,10 @@
 """Training benchmarks: async vs sync checkpoint blocking, and tokens/s + data wait on two nodes.
 
-    .venv/bin/python -m benchmarks.training [--out benchmarks/results/training.json]
+    .venv/bin/python -m benchmarks.training [--saves 5] [--hidden 768 --layers 8] [--steps 120] [--out FILE]
 
 Targets: async blocking per save <= 10% of a synchronous save of the same state; data wait
-<= 2% of step time in the local 2-node run. Prints both with their baselines and writes JSON.
+<= 2% of step time in the local 2-node run. Prints both with their baselines and writes JSON
+(default benchmarks/results/training.json). The smoke test in `make test` runs it small.
 """
 
 from __future__ import annotations
@@ -25,12 +26,18 @@ from . import checkpoint, throughput  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m benchmarks.training", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/training.json"))
-    parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument("--saves", type=int, default=5, help="checkpoints saved each way (default 5)")
+    parser.add_argument("--hidden", type=int, default=768, help="the checkpointed model's width (default 768)")
+    parser.add_argument("--layers", type=int, default=8, help="its decoder layers (default 8: 57M parameters)")
+    parser.add_argument("--steps", type=int, default=120,
+                        help=f"training steps of the two-node run (default 120, at least {throughput.MIN_STEPS})")
     args = parser.parse_args(argv)
+    if args.saves < 1 or args.hidden < 64 or args.hidden % 64 or args.layers < 1 or args.steps < throughput.MIN_STEPS:
+        parser.error(f"--saves >= 1, --hidden a multiple of 64, --layers >= 1, --steps >= {throughput.MIN_STEPS}")
 
-    ckpt = checkpoint.run(saves=args.saves)
+    ckpt = checkpoint.run(hidden=args.hidden, layers=args.layers, saves=args.saves)
     with tempfile.TemporaryDirectory() as tmp:
-        tput = throughput.run(Path(tmp))
+        tput = throughput.run(Path(tmp), args.steps)
     result = {"machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
                           "device": "cpu (no GPU here: GPU figures are not measured)"},
               "checkpoint": ckpt, "throughput": tput}

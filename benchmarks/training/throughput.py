@@ -17,8 +17,14 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-OVERRIDES = ["--config", "jobs/training/configs/tiny.yaml", "train.steps=120", "log.interval=10",
-             "checkpoint.every=60"]
+LOG_INTERVAL = 10
+MIN_STEPS = 2 * LOG_INTERVAL  # the first log interval (start-up) is left out: at least one more
+
+
+def overrides(steps: int) -> list[str]:
+    """The tiny config for ``steps`` steps, with a checkpoint halfway."""
+    return ["--config", "jobs/training/configs/tiny.yaml", f"train.steps={steps}", f"log.interval={LOG_INTERVAL}",
+            f"checkpoint.every={steps // 2}"]
 
 
 def _summary(records: list[dict], setup: str) -> dict:
@@ -38,7 +44,7 @@ def _summary(records: list[dict], setup: str) -> dict:
     }
 
 
-def _on_slurm() -> dict | None:
+def _on_slurm(steps: int) -> dict | None:
     sys.path.insert(0, str(REPO))
     from local_cluster.client import LocalCluster, unsupported_reason
 
@@ -55,7 +61,7 @@ def _on_slurm() -> dict | None:
     # The two local "nodes" share this machine's cores: one thread per worker, as torchrun sets
     # on the host fallback, instead of each node's worker using every core.
     env = {"FSX_CHECKPOINTS": f"/fsx/{root}/checkpoints", "FSX_LOGS": f"/fsx/{root}/logs", "OMP_NUM_THREADS": "1"}
-    job = cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=["--nodes=2", "--gpus-per-node=0"])
+    job = cluster.sbatch("jobs/train_model1.sh", *overrides(steps), env=env, options=["--nodes=2", "--gpus-per-node=0"])
     try:
         state, code = cluster.wait(job, timeout=900)
         if (state, code) != ("COMPLETED", 0):
@@ -68,18 +74,18 @@ def _on_slurm() -> dict | None:
     return _summary(records, f"local Slurm cluster, sbatch jobs/train_model1.sh, 2 nodes x 1 worker (job {job})")
 
 
-def _on_host(tmp: Path) -> dict:
+def _on_host(tmp: Path, steps: int) -> dict:
     from local_cluster import demo_data
 
     data = demo_data.build(tmp / "data/tokenized-sample").path
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "FSX_DATA": str(tmp / "data"),
            "FSX_CHECKPOINTS": str(tmp / "checkpoints"), "FSX_LOGS": str(tmp / "logs")}
     subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2",
-                    "-m", "training.train", *OVERRIDES, f"data.path={data}"], env=env, cwd=REPO, check=True,
+                    "-m", "training.train", *overrides(steps), f"data.path={data}"], env=env, cwd=REPO, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = [json.loads(line) for line in (tmp / "logs/model1/metrics.jsonl").read_text().splitlines()]
     return _summary(records, "torchrun, 2 processes on this host (the local Slurm cluster was not up)")
 
 
-def run(tmp: Path) -> dict:
-    return _on_slurm() or _on_host(tmp)
+def run(tmp: Path, steps: int) -> dict:
+    return _on_slurm(steps) or _on_host(tmp, steps)
