@@ -1,17 +1,17 @@
 """Recovery benchmark: real faults on the local Slurm cluster, how long until training goes on by itself.
 
-    local_cluster/cluster.sh up && .venv/bin/python -m benchmarks.recovery [--out benchmarks/results/recovery.json]
+    local_cluster/cluster.sh up && .venv/bin/python -m benchmarks.recovery [--faults FAULT ...] [--out FILE]
 
 Per fault: seconds from the fault to the first training step logged by the restarted run (the
 metrics file is watched every 0.1 s from the host), steps repeated after the resume, whether the losses equal an
 uninterrupted run's bit for bit, and whether a human was needed. Tiny preset, 2 of the 3 nodes,
 24 steps with a checkpoint every 6 and a progress-watchdog floor of 8 s. The time limit
-(SIGUSR1, the planned path) is measured as the baseline.
+(SIGUSR1, the planned path) is measured as the baseline. Writes JSON (default
+benchmarks/results/recovery.json); the smoke test in `make test` runs the baseline alone.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import subprocess
@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "jobs"))
 
+from cli import ArgumentParser, fail  # noqa: E402
 from local_cluster.client import LocalCluster  # noqa: E402
 from local_cluster.training_job import TrainingJob, continue_stopped  # noqa: E402
 
@@ -114,14 +115,27 @@ def crash_loop(job):
     return {"human_needed": True, "why": "retry budget spent (MAX_RECOVERIES=1)"}
 
 
+def config_error(cluster) -> dict:
+    job = TrainingJob(cluster, "bench-config").submit(*RUN, "train.steps=many")
+    start = time.monotonic()
+    state, code = job.wait()
+    return {"fault": "config error", "human_needed": True, "end": f"{state} exit {code}",
+            "seconds_to_end": round(time.monotonic() - start, 1), "restarts": int(job.record()["Restarts"]),
+            "seconds_to_next_step": None, "steps_repeated": None}
+
+
+FAULTS = ("time-limit", "sigkill", "sigstop", "bad-node", "crash-loop", "config-error")  # --faults, in run order
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m benchmarks.recovery", description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS), metavar="FAULT",
+                        help=f"only these, run in the order {' '.join(FAULTS)} (default: all; time-limit is the baseline)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/recovery.json"))
     args = parser.parse_args(argv)
     cluster = LocalCluster()
     if not cluster.is_up():
-        print("error: the local cluster is not up — run `local_cluster/cluster.sh up` first", file=sys.stderr)
-        return 1
+        return fail("the local cluster is not up", "run `local_cluster/cluster.sh up` first")
     from local_cluster import demo_data
 
     demo_data.build(cluster.fsx / "data/tokenized-sample")
@@ -129,23 +143,26 @@ def main(argv: list[str] | None = None) -> int:
     assert ref.wait() == ("COMPLETED", 0), ref.output()[-3000:]
     reference = ref.losses()
 
-    rows = [measure(cluster, "time limit (SIGUSR1), baseline", time_limit, reference),
-            measure(cluster, "worker SIGKILL (Xid, OOM kill)", sigkill, reference),
-            measure(cluster, "worker SIGSTOP (hang)", sigstop, reference)]
     drained: list[str] = []
+    measured = {  # --faults name: (row name, fault, the job's extra environment)
+        "time-limit": ("time limit (SIGUSR1), baseline", time_limit, {}),
+        "sigkill": ("worker SIGKILL (Xid, OOM kill)", sigkill, {}),
+        "sigstop": ("worker SIGSTOP (hang)", sigstop, {}),
+        "bad-node": ("node fails its health check", bad_node_fault(cluster, drained), {}),
+        "crash-loop": ("crash loop (a rank that always dies)", crash_loop, {"MAX_RECOVERIES": "1"}),
+    }
+    rows = []
     try:
-        rows.append(measure(cluster, "node fails its health check", bad_node_fault(cluster, drained), reference))
+        for name in (f for f in FAULTS if f in args.faults):
+            if name == "config-error":
+                rows.append(config_error(cluster))
+            else:
+                row, fault, env = measured[name]
+                rows.append(measure(cluster, row, fault, reference, **env))
     finally:
         for node in drained:
             (cluster.fsx / ".node-health" / node).unlink(missing_ok=True)
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
-    rows.append(measure(cluster, "crash loop (a rank that always dies)", crash_loop, reference, MAX_RECOVERIES="1"))
-    config = TrainingJob(cluster, "bench-config").submit(*RUN, "train.steps=many")
-    start = time.monotonic()
-    state, code = config.wait()
-    rows.append({"fault": "config error", "human_needed": True, "end": f"{state} exit {code}",
-                 "seconds_to_end": round(time.monotonic() - start, 1), "restarts": int(config.record()["Restarts"]),
-                 "seconds_to_next_step": None, "steps_repeated": None})
 
     result = {"setup": f"local Slurm cluster, 3 CPU nodes (2 per job), tiny preset, {STEPS} steps, checkpoint every "
                        f"{EVERY}, fault after step {FAULT_AT}, watchdog floor {FLOOR_S} s", "faults": rows}
