@@ -21,7 +21,8 @@ from pathlib import Path
 
 from cli import ArgumentParser
 
-QUIET_LABELS = {"alertname", "job", "instance"}  # in every alert, or only where it came from
+# In every alert, or where it came from, or said again by the summary.
+QUIET_LABELS = {"alertname", "job", "instance", "UUID", "device", "modelName"}
 
 
 def summary(alert: dict, received: float) -> str:

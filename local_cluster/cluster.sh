@@ -29,6 +29,9 @@
 # models are dev's (cluster_config/dev.yaml): `up` writes their job scripts and configs into jobs/
 # as the cluster stack does into the bundle, so `sbatch jobs/train_model1.sh` here runs dev's model1
 # (with sbatch --gpus-per-node=0: CPUs only).
+# Monitoring runs as on AWS (local_cluster/monitoring.sh, docs/monitoring.md): a node exporter and a
+# stand-in DCGM exporter in each node, the head node's exporter loop, Prometheus with the repository's
+# alert rules, Alertmanager, and a webhook standing in for SNS (.local_cluster/log/alerts.log).
 # Everything the cluster writes lives under .local_cluster/ in the repository root.
 set -euo pipefail
 
@@ -60,7 +63,8 @@ MYSQL_DATA="$STATE/mysql"
 NODE_CPUS=2
 NODE_MEMORY_MB=4096
 
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux procps)
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux procps
+  prometheus prometheus-alertmanager prometheus-node-exporter curl)
 
 log() { printf '[local-cluster] %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -68,6 +72,9 @@ die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 # How nodes boot: their custom actions, the stand-ins, the node-local paths.
 # shellcheck source=local_cluster/node_boot.sh
 source "$REPO/local_cluster/node_boot.sh"
+# Prometheus, Alertmanager, the exporters and the alert receiver (docs/monitoring.md).
+# shellcheck source=local_cluster/monitoring.sh
+source "$REPO/local_cluster/monitoring.sh"
 
 node_ip() { echo "$NET_PREFIX.$((10 + ${1#node}))"; }
 netns_of() { echo "lc-$1"; }
@@ -432,12 +439,15 @@ cmd_up() {
   mkdir -p "$BASE" "$RUN"
   install_packages
   write_config
+  write_monitoring_config
   install_config
   if [[ ! -d /fsx ]]; then
     mkdir /fsx
     record "fsx_mountpoint"
   fi
   setup_network
+  start_head_monitoring
+  start_node_monitoring "${NODES[@]}"
   make_plan
   write_action_env
   start_munged
@@ -459,8 +469,11 @@ cmd_up() {
     [[ " ${BOOT_FAILED[*]} " == *" $node "* ]] || healthy+=("$node")
   done
   ((${#healthy[@]})) || die "no node booted; see $LOGS/boot-node*.log"
+  start_exporter_loop
   wait_nodes_ready "${healthy[@]}"
+  wait_monitoring_ready
   log "up in $(elapsed "$start") s: controller $(hostname -s) ($HEAD_IP:$CTLD_PORT), nodes ${healthy[*]}, /fsx/{data,checkpoints,logs} -> $FSX"
+  log "alerts: Prometheus http://127.0.0.1:$PROM_PORT/alerts, Alertmanager http://127.0.0.1:$AM_PORT, notifications $ALERTS_LOG"
   for node in "${BOOT_FAILED[@]}"; do
     log "$node is out of service: $(cat "$BOOT/$node.failed" 2>/dev/null || echo "its boot failed") (log: $LOGS/boot-$node.log; '$0 up' boots it again)"
   done
@@ -483,6 +496,7 @@ cmd_reboot() {
     stop_node "$node"
   done
   boot_nodes "$@"
+  start_node_monitoring "$@"  # stop_node ended them with everything else in the namespace
   print_boot_table "$@"
   for node in "$@"; do
     [[ " ${BOOT_FAILED[*]} " == *" $node "* ]] && continue
@@ -499,13 +513,17 @@ cmd_reboot() {
 }
 
 cmd_down() {
-  local node
+  local node daemons
   if command -v scancel >/dev/null && live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null; then
     scancel --quiet --full "--user=$(id -un)" 2>/dev/null || true
   fi
-  local daemons=("$RUN/slurmctld.pid:slurmctld")
+  # Monitoring stops with the Slurm daemons (one wait for all): Prometheus evaluates nothing after its
+  # SIGTERM, so the cluster going down raises no alert.
+  mapfile -t daemons < <(monitoring_pidfiles)
+  daemons+=("$RUN/slurmctld.pid:slurmctld")
   for node in "${NODES[@]}"; do daemons+=("$RUN/slurmd-$node.pid:slurmd"); done
   stop_daemons "${daemons[@]}"
+  rm -f "$TEXTFILE_DIR/llm.prom"
   stop_daemons "$RUN/slurmdbd.pid:slurmdbd"
   stop_daemons "$RUN/mariadb.pid:mariadbd"
   stop_daemons "$RUN/munged.pid:munged"
@@ -533,6 +551,7 @@ cmd_status() {
     report "$RUN/slurmd-$node.pid" slurmd "slurmd $node"
     if [[ -f $BOOT/$node.failed ]]; then log "  $node's boot failed: $(<"$BOOT/$node.failed")"; fi
   done
+  monitoring_status
   if ((ok == 0)) && sinfo -h >/dev/null 2>&1; then
     sinfo -N -o '%N %P %T %c %m'
     if sinfo -h -N -o '%T' | grep -vE '^(idle|allocated|mixed|completing)$' >/dev/null; then
