@@ -53,6 +53,7 @@ ENTRY_POINTS = [
     (PY + ["benchmarks.training", "--saves"], "argument --saves: expected one argument — see python -m benchmarks.training"),
     (PY + ["benchmarks.data_pipeline", "--size-mb", "big"], "argument --size-mb: invalid float value: 'big' — see"),
     (PY + ["benchmarks.communication", "--model", "model9"], "model 'model9' is not in the prod plan; choose one of"),
+    (PY + ["benchmarks.recovery", "--faults", "sigterm"], "argument --faults: invalid choice: 'sigterm'"),
     (PY + ["cluster_config", "plan", "--env", "nope"], "no environment 'nope'"),
     (PY + ["cluster_config", "render"], "the following arguments are required: --env — see python -m cluster_config render"),
     ([sys.executable, "app.py"], "no environment chosen: pass -c env=NAME"),
