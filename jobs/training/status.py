@@ -6,7 +6,8 @@
 
 Reads only what the jobs leave behind, so it is safe to run at any time from the head node:
 
-- Slurm (``squeue``, ``scontrol``): the model's job (named after the model), its state and restarts;
+- Slurm (``squeue``, ``scontrol``; monitoring/slurm.py): the model's job (named after the model), its
+  state and restarts;
 - ``<logs>/<model>/metrics.jsonl``: step, loss, val_loss, tokens/s, MFU, step time; ``start``
   events (each resume from a checkpoint is one recovery, whether Slurm requeued the job or someone
   resubmitted it); device time per interval;
@@ -29,14 +30,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli import ArgumentParser, fail
+from monitoring import slurm
 from training.cluster import CLUSTER_FILE, Cluster, add_arguments, default_jobs_dir, load_cluster
 from training.config import MODEL_CONFIGS, ConfigError
 
@@ -109,44 +109,69 @@ def summarize_metrics(status: ModelStatus, records: list[dict]) -> None:
     status.history = train
 
 
-def logged_config(log_dir: Path, model: str) -> dict | None:
-    """The resolved config the newest run of ``model`` logged (the ``config {...}`` line, on stderr)."""
-    outs = sorted([*log_dir.glob(f"{model}_*.err"), *log_dir.glob(f"{model}_*.out")],
+def run_logs(log_dir: Path, model: str) -> list[Path]:
+    """The Slurm output files of ``model``'s jobs (``<model>_<job>.err`` and ``.out``), newest first."""
+    return sorted([*log_dir.glob(f"{model}_*.err"), *log_dir.glob(f"{model}_*.out")],
                   key=lambda p: p.stat().st_mtime, reverse=True)
-    for out in outs:
+
+
+def config_line(line: str) -> dict | None:
+    """The resolved config in the trainer's ``... config {...}`` log line (one per start), else None."""
+    at = line.find(" config {")
+    if at < 0:
+        return None
+    try:
+        return json.loads(line[at + len(" config "):])
+    except ValueError:
+        return None
+
+
+def logged_config(log_dir: Path, model: str) -> dict | None:
+    """The resolved config the newest run of ``model`` logged (on stderr)."""
+    for out in run_logs(log_dir, model):
         for line in reversed(out.read_text(errors="replace").splitlines()):
-            at = line.find(" config {")
-            if at >= 0:
-                try:
-                    return json.loads(line[at + len(" config "):])
-                except ValueError:
-                    continue
+            if (config := config_line(line)) is not None:
+                return config
     return None
 
 
-def total_steps(log_dir: Path, model: str, configs: Path = MODEL_CONFIGS) -> int:
-    config = logged_config(log_dir, model)
-    if config:
-        return int(config["train"]["steps"])
-    path = configs / f"{model}.yaml"  # not started yet: what the job will run
-    if path.is_file():
-        import yaml
+def planned_config(configs: Path, model: str) -> dict | None:
+    """The config ``model``'s job will run (``<configs>/<model>.yaml``), None without one."""
+    path = configs / f"{model}.yaml"
+    if not path.is_file():
+        return None
+    import yaml
 
-        return int((yaml.safe_load(path.read_text()) or {}).get("train", {}).get("steps", 0))
-    return 0
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def total_steps(log_dir: Path, model: str, configs: Path = MODEL_CONFIGS) -> int:
+    config = logged_config(log_dir, model) or planned_config(configs, model)  # not started yet: what it will run
+    return int(config.get("train", {}).get("steps", 0)) if config else 0
+
+
+def latest_checkpoint(directory: Path) -> tuple[str, float] | None:
+    """(name, mtime) of the checkpoint ``latest`` names, None without one."""
+    try:
+        name = (directory / "latest").read_text().strip()
+        return name, (directory / name).stat().st_mtime
+    except OSError:
+        return None
+
+
+def run_status(directory: Path) -> str:
+    """``STATUS`` as the trainer wrote it when it ended cleanly (complete | stopped), else "-"."""
+    try:
+        return (directory / "STATUS").read_text().strip()
+    except OSError:
+        return "-"
 
 
 def checkpoint_state(status: ModelStatus, directory: Path, now: float) -> None:
-    try:
-        name = (directory / "latest").read_text().strip()
-        status.checkpoint = name
-        status.checkpoint_age_s = now - (directory / name).stat().st_mtime
-    except OSError:
-        pass
-    try:
-        status.run_status = (directory / "STATUS").read_text().strip()
-    except OSError:
-        pass
+    if latest := latest_checkpoint(directory):
+        status.checkpoint, mtime = latest
+        status.checkpoint_age_s = now - mtime
+    status.run_status = run_status(directory)
 
 
 def backup_state(logs: Path, model: str, run_status: str, latest: str = "-") -> str:
@@ -166,23 +191,20 @@ def backup_state(logs: Path, model: str, run_status: str, latest: str = "-") -> 
 
 
 def slurm_jobs(names: list[str]) -> dict[str, tuple[str, int]]:
-    """Model name -> ("<job id> <STATE>", restarts) of its newest job still known to Slurm."""
-    if not shutil.which("squeue"):
+    """Model name -> ("<job id> <STATE>", restarts) of its newest job still known to Slurm; {} without Slurm."""
+    try:
+        newest = {}
+        for job in sorted(slurm.jobs(), key=lambda job: _number(job.id)):
+            if job.name in names:
+                newest[job.name] = job
+        restarts = {job_id: count for job_id, _, count in slurm.restarts()} if newest else {}
+    except slurm.SlurmError:
         return {}
-    out = subprocess.run(["squeue", "--noheader", "--format=%i|%j|%T", f"--name={','.join(names)}"],
-                         capture_output=True, text=True).stdout
-    jobs = {}
-    for line in out.splitlines():
-        job_id, name, state = line.strip().split("|")
-        if name in names and (name not in jobs or int(job_id) > int(jobs[name][0].split()[0])):
-            jobs[name] = (f"{job_id} {state}", _restarts(job_id))
-    return jobs
+    return {name: (f"{job.id} {job.state}", restarts.get(job.id, 0)) for name, job in newest.items()}
 
 
-def _restarts(job_id: str) -> int:
-    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True).stdout
-    match = re.search(r"\bRestarts=(\d+)", out)
-    return int(match.group(1)) if match else 0
+def _number(job_id: str) -> int:
+    return int(re.match(r"\d*", job_id).group(0) or 0)  # an array task's id is "<job>_<task>"
 
 
 def collect(models: list[str], logs: Path, checkpoints: Path, price_per_gpu_hour: float | None = None,
