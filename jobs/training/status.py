@@ -1,7 +1,7 @@
 """One view of every model's training: Slurm state, progress, losses, speed, checkpoints, cost so far.
 
     python -m training.status --env prod                    # the models of the bundle's models/cluster.json
-    python -m training.status --png /fsx/logs/status.png    # plus one picture: loss, val_loss, tokens/s
+    python -m training.status --png /fsx/logs/status.png    # plus the dashboard's picture, offline
     python -m training.status model1 model7 --logs /fsx/logs --checkpoints /fsx/checkpoints
 
 Reads only what the jobs leave behind, so it is safe to run at any time from the head node:
@@ -23,6 +23,11 @@ cluster's price per GPU. The models and the price come from the jobs bundle's ``
 (training/cluster.py; ``--jobs-dir`` for another jobs folder, ``--env`` to refuse another
 environment's); without one, and without those options, the models are the folders in ``--logs``
 and dollars are left out.
+
+The picture (``--png``) shows what the Grafana dashboard shows (docs/monitoring.md): each model's
+loss, val_loss, tokens/s, MFU (GPU runs) and progress with its ETA against the deadline, Slurm's
+nodes by state (``sinfo``; left out, with a note, when Slurm does not answer) and the free space of
+$FSX_DATA, ``--checkpoints`` and ``--logs``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli import ArgumentParser, fail
-from monitoring import slurm
+from monitoring import filesystems, slurm
 from training.cluster import CLUSTER_FILE, Cluster, add_arguments, default_jobs_dir, load_cluster
 from training.config import MODEL_CONFIGS, ConfigError
 
@@ -60,6 +65,7 @@ class ModelStatus:
     run_status: str = "-"  # STATUS written by the trainer: complete | stopped
     backup: str = "-"
     resumes: int = 0  # starts that resumed from a checkpoint
+    started_at: float | None = None  # epoch time of the run's first launch (or start)
     device_hours: float = 0.0
     dollars: float | None = None
     history: list[dict] = field(default_factory=list, repr=False)  # training records
@@ -97,6 +103,8 @@ def summarize_metrics(status: ModelStatus, records: list[dict]) -> None:
         status.val_loss = evals[-1]["val_loss"]
     status.evals = evals
     status.resumes = sum(1 for r in records if r.get("event") == "start" and r.get("resumed"))
+    starts = [r["time"] for r in records if r.get("event") in ("launch", "start") and "time" in r]
+    status.started_at = min(starts, default=None)
     # Device time: each interval's steps x step time (+ checkpoint blocking) x the run's ranks.
     ranks, previous, seconds = 1, 0, 0.0
     for r in records:
@@ -254,33 +262,119 @@ def format_table(statuses: list[ModelStatus]) -> str:
     return "\n".join(lines)
 
 
-def plot(statuses: list[ModelStatus], out: Path) -> Path:
+def figure(statuses: list[ModelStatus], *, now: float | None = None, deadline_days: float | None = None,
+           nodes: list[slurm.Node] | None = None, usage: list[filesystems.Usage] = (), notes: list[str] = ()):
+    """What the dashboard shows, as one matplotlib figure: the models' loss, val_loss, tokens/s, MFU
+    (where logged) and progress with ETA against the deadline; Slurm's nodes by state and the file
+    systems' free space where given. ``notes`` (why a panel is left out) go under the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    now = time.time() if now is None else now
+    mfu = any("mfu_pct" in r for s in statuses for r in s.history)
+    panels = ["training loss", "validation loss", "tokens/s", *(["MFU %"] if mfu else []), "progress",
+              *(["nodes by state"] if nodes is not None else []), *(["file systems: free"] if usage else [])]
+    rows = -(-len(panels) // 3)
+    fig, grid = plt.subplots(rows, 3, figsize=(15, 4 * rows), squeeze=False)
+    for ax in grid.flat[len(panels):]:
+        ax.remove()
+    ax = dict(zip(panels, grid.flat))
+    for title, panel in ax.items():
+        panel.set_title(title)
+        panel.grid(alpha=0.3)
     for s in statuses:
         train = {r["step"]: r for r in s.history}  # a step run again after a resume: the last one counts
         steps = sorted(train)
         if steps:
-            axes[0].plot(steps, [train[k]["loss"] for k in steps], label=s.name)
-            axes[2].plot(steps, [train[k].get("tokens_per_s", float("nan")) for k in steps], label=s.name)
+            ax["training loss"].plot(steps, [train[k]["loss"] for k in steps], label=s.name)
+            ax["tokens/s"].plot(steps, [train[k].get("tokens_per_s", float("nan")) for k in steps], label=s.name)
+            if mfu:
+                ax["MFU %"].plot(steps, [train[k].get("mfu_pct", float("nan")) for k in steps], label=s.name)
         evals = {r["step"]: r["val_loss"] for r in s.evals}
         if evals:
-            axes[1].plot(sorted(evals), [evals[k] for k in sorted(evals)], marker=".", label=s.name)
-    for ax, title in zip(axes, ("training loss", "validation loss", "tokens/s")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend()
-    fig.tight_layout()
+            ax["validation loss"].plot(sorted(evals), [evals[k] for k in sorted(evals)], marker=".", label=s.name)
+    for title in ("training loss", "validation loss", "tokens/s", "MFU %"):
+        if title in ax:
+            ax[title].set_xlabel("step")
+            if ax[title].lines:
+                ax[title].legend()
+    _progress(ax["progress"], statuses, now, deadline_days)
+    if nodes is not None:
+        _nodes(ax["nodes by state"], nodes)
+    if usage:
+        _free_space(ax["file systems: free"], usage)
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=9, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 * len(notes) / rows, 1, 1))
+    return fig
+
+
+def _when(t: float) -> str:
+    return time.strftime("%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def _progress(ax, statuses: list[ModelStatus], now: float, deadline_days: float | None) -> None:
+    """One bar per model: steps done of the total; the ETA, red when it falls after the deadline."""
+    names = [s.name for s in statuses]
+    done = [s.step / s.total_steps if s.total_steps else 0.0 for s in statuses]
+    ax.barh(names, done, color="tab:blue")
+    ax.set_xlim(0, 1)
+    ax.invert_yaxis()
+    ax.set_xlabel("share of the steps done")
+    for y, s in enumerate(statuses):
+        deadline = s.started_at + deadline_days * 86400 if deadline_days and s.started_at else None
+        eta = now + s.eta_s if s.eta_s is not None else None
+        text = f"{s.step}/{s.total_steps}"
+        text += " complete" if s.run_status == "complete" else f", ETA {_when(eta)}" if eta else ""
+        text += f", deadline {_when(deadline)}" if deadline else ""
+        late = eta is not None and deadline is not None and eta > deadline
+        ax.text(0.02, y, text, va="center", fontsize=8, color="tab:red" if late else "black")
+
+
+def _nodes(ax, nodes: list[slurm.Node]) -> None:
+    states = sorted({n.state for n in nodes})
+    counts = [sum(1 for n in nodes if n.state == state) for state in states]
+    ax.bar(states, counts, color=["tab:red" if state in slurm.UNAVAILABLE else "tab:green" for state in states])
+    ax.set_ylabel("nodes")
+
+
+def _free_space(ax, usage: list[filesystems.Usage]) -> None:
+    ax.barh([u.path for u in usage], [100 * u.free / u.size if u.size else 0 for u in usage], color="tab:green")
+    ax.set_xlim(0, 100)
+    ax.invert_yaxis()
+    ax.set_xlabel("% free")
+    for y, u in enumerate(usage):
+        ax.text(1, y, f"{u.free / 2**40:.2f} of {u.size / 2**40:.2f} TiB free", va="center", fontsize=8)
+
+
+def plot(statuses: list[ModelStatus], out: Path, **views) -> Path:
+    """``figure`` (``views``: its keyword arguments) written to ``out``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(statuses, **views)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def cluster_views(paths: list[str]) -> dict:
+    """``figure``'s nodes, usage and notes, from Slurm and the file systems at ``paths``."""
+    notes = []
+    try:
+        nodes = slurm.nodes()
+    except slurm.SlurmError as exc:
+        nodes = None
+        notes.append(f"nodes by state left out: Slurm not reachable (sinfo: {exc})")
+    usage = []
+    for path in dict.fromkeys(paths):
+        try:
+            usage.append(filesystems.usage(path))
+        except OSError as exc:
+            notes.append(f"file system {path} left out: {exc.strerror}")
+    return {"nodes": nodes, "usage": usage, "notes": notes}
 
 
 def read_cluster(jobs_dir: Path | None, env: str | None) -> Cluster | None:
@@ -297,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)  # --jobs-dir, --env: the cluster file giving the models and the price per GPU-hour
     parser.add_argument("--logs", default=os.environ.get("FSX_LOGS", "/fsx/logs"))
     parser.add_argument("--checkpoints", default=os.environ.get("FSX_CHECKPOINTS", "/fsx/checkpoints"))
-    parser.add_argument("--png", help="also write one picture of every model's loss, val_loss and tokens/s")
+    parser.add_argument("--png", help="also write one picture of what the dashboard shows: every model's loss, "
+                        "val_loss, tokens/s, MFU and progress, Slurm's nodes, the file systems' free space")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     logs, checkpoints = Path(args.logs), Path(args.checkpoints)
@@ -320,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(format_table(statuses))
     if args.png:
-        print(f"picture: {plot(statuses, Path(args.png))}")
+        views = cluster_views([os.environ.get("FSX_DATA", "/fsx/data"), args.checkpoints, args.logs])
+        deadline_days = cluster.deadline_days if cluster else None
+        print(f"picture: {plot(statuses, Path(args.png), deadline_days=deadline_days, **views)}")
     return 0
 
 

@@ -89,3 +89,53 @@ def test_cli_table_json_and_picture(resumed, tmp_path):
     asked = subprocess.run([sys.executable, "-m", "training.status", "--env", "prod"], env=no_file,
                            capture_output=True, text=True)
     assert asked.returncode == 2 and f"error: no {tmp_path}/models/cluster.json — write prod's with" in asked.stderr
+
+
+def _statuses(now: float) -> list[ModelStatus]:
+    """Two GPU runs: one on time, one whose ETA falls after its deadline."""
+    statuses = []
+    for name, step, step_time in (("model1", 600, 1.0), ("model2", 100, 120.0)):
+        status = ModelStatus(name, step=step, total_steps=1000, step_time_s=step_time, started_at=now - 13 * 86400)
+        status.history = [{"step": s, "loss": 5 - s / 500, "tokens_per_s": 1e5, "mfu_pct": 40.0}
+                          for s in range(10, step + 1, 10)]
+        status.evals = [{"step": step, "val_loss": 4.0}]
+        statuses.append(status)
+    return statuses
+
+
+def test_the_picture_shows_the_dashboards_panels(tmp_path):
+    from monitoring.filesystems import usage
+    from monitoring.slurm import parse_nodes
+    from training.status import figure, plot
+
+    now = 1.8e9
+    nodes = parse_nodes("gpu-1|allocated|none\ngpu-2|drained|Kill task failed\ngpu-2|drained|Kill task failed\n")
+    fig = figure(_statuses(now), now=now, deadline_days=14, nodes=nodes, usage=[usage(str(tmp_path))])
+    assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss", "tokens/s", "MFU %", "progress",
+                                                    "nodes by state", "file systems: free"]
+    progress = {t.get_text(): t.get_color() for t in fig.axes[4].texts}
+    # Both deadlines are a day away (14 days after the start); model1 has 400 steps x 1 s left, model2 900 x 120 s.
+    assert progress == {"600/1000, ETA 01-15 08:06 UTC, deadline 01-16 08:00 UTC": "black",
+                        "100/1000, ETA 01-16 14:00 UTC, deadline 01-16 08:00 UTC": "tab:red"}
+    nodes_panel = fig.axes[5]
+    assert [t.get_text() for t in nodes_panel.get_xticklabels()] == ["allocated", "drained"]
+    assert [bar.get_height() for bar in nodes_panel.patches] == [1, 1]  # gpu-2 once, though in two partitions
+    out = plot(_statuses(now), tmp_path / "status.png", now=now, nodes=nodes)
+    assert out.stat().st_size > 10_000
+
+
+def test_without_slurm_the_nodes_panel_is_left_out_with_a_note(tmp_path, monkeypatch):
+    from training.status import cluster_views, figure
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo
+    views = cluster_views([str(tmp_path), str(tmp_path / "not-mounted")])
+    assert views["nodes"] is None and [u.path for u in views["usage"]] == [str(tmp_path)]
+    assert views["notes"] == ["nodes by state left out: Slurm not reachable (sinfo: No such file or directory)",
+                              f"file system {tmp_path}/not-mounted left out: No such file or directory"]
+    statuses = _statuses(1.8e9)
+    for status in statuses:  # a CPU run: no MFU
+        status.history = [{k: v for k, v in r.items() if k != "mfu_pct"} for r in status.history]
+    fig = figure(statuses, **views)
+    assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss", "tokens/s", "progress",
+                                                    "file systems: free"]
+    assert fig.texts[0].get_text() == "\n".join(views["notes"])
