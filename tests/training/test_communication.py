@@ -7,6 +7,7 @@ the job's real world size, with the real widths and 1 and 2 decoder layers: a fe
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,27 @@ def test_data_parallel_collectives_are_the_analytic_minimum(model):
 def test_tensor_parallel_collectives_are_the_analytic_minimum(model):
     """Megatron with sequence parallelism: per block one all-gather and one reduce-scatter each way."""
     _check(report(model), ("tp",), "tp")
+
+
+def test_the_benchmark_prints_its_tables_and_writes_its_json(tmp_path, monkeypatch, capsys):
+    """What `make bench` runs (python -m benchmarks.communication), on this session's measurements."""
+    import benchmarks.communication.__main__ as bench
+
+    monkeypatch.setattr(bench, "compare", lambda model, env: report(model))
+    out = tmp_path / "communication.json"
+    assert bench.main(["--model", "model1", "--model", "model7", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["env"] == "prod" and [layout["model"] for layout in result["layouts"]] == ["model1", "model7"]
+
+    def gib(traffic: dict, dims: tuple[str, ...]) -> float:
+        return sum(flow["bytes"] for key, flow in traffic.items() if key.split()[0] in dims) / 2**30
+
+    for layout in result["layouts"]:
+        step, ratios = layout["per_step_whole_model"], layout["ratio_measured_over_analytic"]["step"]
+        for name, dims in (("tp", ("tp",)), ("dp", DP)):
+            measured, analytic = gib(step["measured"], dims), gib(step["analytic"], dims)
+            assert ratios[name] == (pytest.approx(measured / analytic) if analytic else None), (layout["model"], name)
+        assert all(flow["count"] > 0 and flow["bytes"] > 0 for flow in step["measured"].values())
+    printed = capsys.readouterr().out
+    assert "### model1: llama2-7b, HSDP" in printed and "### model7: llama2-70b, FSDP 34 x TP 8" in printed
+    assert "2 layouts in" in printed and str(out) in printed
