@@ -351,9 +351,9 @@ def _free_space(ax, usage: list[filesystems.Usage]) -> None:
 
 def plot(statuses: list[ModelStatus], out: Path, **views) -> Path:
     """``figure`` (``views``: its keyword arguments) written to ``out``."""
-    import matplotlib.pyplot as plt
-
     fig = figure(statuses, **views)
+    import matplotlib.pyplot as plt  # after figure() chose the backend
+
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
