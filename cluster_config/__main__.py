@@ -1,9 +1,11 @@
 """Command line: ``python -m cluster_config {render,plan,jobs,validate,...}``.
 
   render --env prod        print the ParallelCluster config with placeholder ids (subnet-0…, fs-0…)
-  plan --env prod [--measured REPORT_JSON]
-                           print nodes/GPUs per model, MFU, days, hourly cost, FSx throughput vs demand;
-                           --measured: MFU and memory scaled by what the acceptance run measured
+  plan --env prod [--measured REPORT_JSON] [--spares N]
+                           print nodes/GPUs per model, MFU, days, hourly cost, FSx throughput vs demand,
+                           failures and what they cost (goodput);
+                           --measured: MFU and memory scaled by what the acceptance run measured;
+                           --spares: the plan with N spare nodes taken from the models, and the trade
   jobs --env dev --out jobs [--model-list FILE]
                            write each model's jobs/train_<model>.sh and jobs/models/<model>.yaml, and
                            jobs/models/cluster.json (what the bundle's training.dry_run and
@@ -29,7 +31,8 @@ from pathlib import Path
 from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.model_jobs import write_job_files
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
-from cluster_config.plan import build_plan, format_plan, fsx_expectations, read_measured
+from cluster_config.plan import (build_plan, format_plan, format_spares_trade, fsx_expectations, read_measured,
+                                 spares_alternative)
 from cluster_config.render import ClusterResources, RenderError, models_file, render_cluster_config, to_yaml
 from cluster_config.settings import SettingsError, available_environments, load_settings
 
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "plan":
             sub.add_argument("--measured", type=Path, metavar="REPORT_JSON",
                              help="the acceptance run's report.json: MFU and memory as measured (jobs/acceptance.sh)")
+            sub.add_argument("--spares", type=int, metavar="N",
+                             help="re-plan with N spare nodes, taken from the models that can spare them; "
+                                  "prints the days and ETTR both ways")
     update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
     update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
@@ -72,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             print(to_yaml(render_cluster_config(settings, ClusterResources.placeholders(settings))), end="")
         elif args.command == "plan":
             measured = read_measured(args.measured) if args.measured else None
-            print(format_plan(build_plan(load_settings(args.env), measured)))
+            settings = load_settings(args.env)
+            if args.spares is None:
+                print(format_plan(build_plan(settings, measured)))
+            else:
+                plan = build_plan(spares_alternative(settings, args.spares), measured)
+                print(format_plan(plan))
+                print(format_spares_trade(build_plan(settings, measured), plan))
         elif args.command == "jobs":
             settings = load_settings(args.env)
             for path in write_job_files(settings, args.out):

@@ -16,7 +16,14 @@ and works out:
   less ``plan.memory_headroom``;
 - checkpoint size, how long one save takes at the checkpoint file system's throughput, and how far
   apart saves are; for the cluster, the space every model's checkpoints take at their peak (the
-  ``checkpoint.keep`` complete ones + one being written) against the checkpoint file system.
+  ``checkpoint.keep`` complete ones + one being written) against the checkpoint file system;
+- goodput (``cluster_config/goodput.py``): expected node failures over its run, the time each costs
+  (recovery, rework since the last checkpoint, waiting for a replacement node when no spare is
+  free), its ETTR and the days to finish with failures (these days are the ones checked against
+  ``plan.deadline_days``), flagged below ``goodput.min_ettr`` and when the 95th percentile of the
+  finish falls after the Capacity Blocks' end.
+
+``spares_alternative`` re-sizes the models around N spare nodes (``plan --spares N``).
 
 A model that does not fit in GPU memory and checkpoints that overflow the file system are errors
 (synth stops: ``stacks/app.py``), as is a model entry whose training config does not validate (a
@@ -30,14 +37,16 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from training.presets import PRESETS  # the model shapes, memory and step-time models: torch-free, from jobs/
 from training.sizing import GIB, RunShape, checkpoint_bytes, memory
 from training.throughput import estimate_mfu
 
+from cluster_config.goodput import Goodput, goodput, mean_nodes_down, p_no_spare
 from cluster_config.model_jobs import model_config
-from cluster_config.settings import ModelPlan, Settings, SettingsError
+from cluster_config.settings import GoodputSettings, ModelPlan, Settings, SettingsError
 
 
 TIB = 2**40
@@ -113,6 +122,8 @@ class ModelRow:
     nodes: int
     gpus: int
     cost_per_hour_usd: float
+    steps: int = 0
+    global_batch_size: int = 0  # sequences per step
     parameters: float = 0.0
     tokens: float = 0.0
     flops: float = 0.0
@@ -123,7 +134,8 @@ class ModelRow:
     checkpoint_bytes: float = 0.0
     checkpoints_kept: int = 0  # checkpoint.keep + 1 in flight
     save_s: float = 0.0
-    checkpoint_every_h: float = 0.0
+    checkpoint_every_h: float = 0.0  # every checkpoint.every steps, or sooner after checkpoint.every_minutes
+    goodput: Goodput | None = None  # failures and what they cost; None without GPU figures (no days)
 
     @property
     def cost_to_finish_usd(self) -> float:
@@ -150,6 +162,11 @@ class Plan:
     warnings: tuple[str, ...] = ()
     reservation_counts: tuple[int, ...] = ()  # instance_count of each capacity reservation, in order
     capacity_blocks: bool = False  # the reservations are Capacity Blocks for ML (else ODCRs)
+    assume: GoodputSettings = GoodputSettings()  # failure rate, recovery and replacement times
+    spare_nodes: int = 0
+    mean_nodes_down: float = 0.0  # nodes being replaced at once, on average
+    p_no_spare: float = 1.0  # a failure finds no spare node free
+    capacity_end: datetime | None = None  # AWS begins terminating the Capacity Blocks' instances
 
     @property
     def nodes(self) -> int:
@@ -178,6 +195,36 @@ class Plan:
     @property
     def storage_under_provisioned(self) -> bool:
         return self.data_demand_mb_s > self.data_throughput_mb_s
+
+    @property
+    def goodputs(self) -> tuple[Goodput, ...]:
+        return tuple(row.goodput for row in self.rows if row.goodput)
+
+    @property
+    def expected_failures(self) -> float:
+        return sum(g.expected_failures for g in self.goodputs)
+
+    @property
+    def lost_gpu_hours(self) -> float:
+        return sum(g.lost_gpu_hours for g in self.goodputs)
+
+    @property
+    def lost_node_hours(self) -> float:
+        return sum(g.lost_node_hours for g in self.goodputs)
+
+    @property
+    def lost_usd(self) -> float:
+        return sum(g.lost_usd for g in self.goodputs)
+
+    @property
+    def ettr(self) -> float:
+        """The cluster's: productive GPU-days / GPU-days the models hold their nodes."""
+        held = sum(g.gpus * g.days for g in self.goodputs)
+        return sum(g.gpus * g.failure_free_days for g in self.goodputs) / held if held else 0.0
+
+    @property
+    def goodput_days(self) -> float:
+        return max((g.days for g in self.goodputs), default=0.0)
 
 
 def gpu_of(settings: Settings) -> Gpu | None:
@@ -213,6 +260,7 @@ def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
         errors += model_errors
         warnings += model_warnings
 
+    down = mean_nodes_down(settings)
     plan = Plan(
         env=settings.name,
         instance_type=queue.instance_type,
@@ -226,6 +274,8 @@ def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
         throughput_mb_s={key: fs.throughput_mb_s for key, fs in file_systems.items()},
         gpu=gpu, mfu=assume.mfu, deadline_days=assume.deadline_days, usable_gib=usable_gib,
         checkpoint_capacity_bytes=ckpt_fs.storage_capacity_gib * GIB, measured=measured,
+        assume=settings.goodput, spare_nodes=queue.spare_nodes, mean_nodes_down=down,
+        p_no_spare=p_no_spare(down, queue.spare_nodes), capacity_end=queue.capacity_end,
     )
     need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
     largest = max((row.checkpoint_bytes for row in rows), default=0.0)
@@ -263,7 +313,7 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     vocab = cfg.model.vocab_size or settings.plan.vocab_size
     tokens = steps * batch * seq_len
     flops = tokens * preset.flops_per_token(vocab, seq_len)
-    row = dict(base, parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
+    row = dict(base, steps=steps, global_batch_size=batch, parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
                checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=ckpt.keep + 1)
     row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
     if gpu is None:
@@ -278,6 +328,9 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
         row["mfu"], row["step_s"] = step.mfu * mfu_ratio, step.step_s / mfu_ratio
     row["days"] = row["step_s"] * steps / 86400
     row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600
+    if ckpt.every_minutes:  # the trainer also saves once this long has passed since the last save
+        row["checkpoint_every_h"] = min(row["checkpoint_every_h"], ckpt.every_minutes / 60)
+    good = row["goodput"] = goodput(ModelRow(**row), settings)
     if train.grad_reduce != "every_micro_batch":
         warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
                         f"train.grad_reduce of {where} run `python -m training.dry_run {name} --env {settings.name}`")
@@ -304,14 +357,102 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                       f"{gpu.name} ({gpu.memory_gib:.0f} GiB less plan.memory_headroom); in {where}, overrides: "
                       + ", or ".join(fixes))
     deadline = settings.plan.deadline_days
-    if deadline and row["days"] > deadline:
-        nodes_needed = math.ceil(base["nodes"] * row["days"] / deadline)
-        steps_fit = int(steps * deadline / row["days"])
+    if deadline and good.days > deadline:
+        nodes_needed = math.ceil(base["nodes"] * good.days / deadline)
+        steps_fit = int(steps * deadline / good.days)  # ETTR does not depend on the steps: days scale with them
         basis = "measured" if mfu_ratio else "estimated"
-        warnings.append(f"{name}: finishes in {row['days']:.1f} days at {row['mfu']:.0%} MFU ({basis}), after "
-                        f"plan.deadline_days {deadline:g}; lower steps to {steps_fit:,} or fewer in {where}, "
-                        f"or give it {nodes_needed} nodes")
+        warnings.append(f"{name}: finishes in {good.days:.2f} days ({row['days']:.2f} without failures) at "
+                        f"{row['mfu']:.0%} MFU ({basis}), after plan.deadline_days {deadline:g}; lower steps to "
+                        f"{steps_fit:,} or fewer in {where}, or give it {nodes_needed} nodes")
+    warnings += _goodput_warnings(good, steps, where, settings)
     return ModelRow(**row), errors, warnings
+
+
+def _goodput_warnings(good: Goodput, steps: int, where: str, settings: Settings) -> list[str]:
+    """A model losing too much to failures; a model likely still training when its Capacity Blocks end."""
+    warnings, assume = [], settings.goodput
+    if good.ettr < assume.min_ettr:
+        warnings.append(
+            f"{good.name}: ETTR {good.ettr:.1%} is below goodput.min_ettr {assume.min_ettr:.0%}: "
+            f"{good.expected_failures:.1f} expected failures cost {good.lost_per_failure_s / 3600:.2f} h each "
+            f"({good.recovery_s / 60:.0f} min to recover, {good.rework_s / 3600:.2f} h of rework, "
+            f"{good.replacement_wait_s / 60:.0f} min waiting for a replacement node); save more often "
+            f"(checkpoint.every_minutes in the overrides of {where}) or keep gpu_queue.spare_nodes")
+    start, end = assume.training_start, settings.gpu_queue.capacity_end
+    if start is None or end is None:
+        return warnings
+    available = (end - start) / timedelta(days=1)
+    if good.days_p95 > available:
+        tail = good.days_p95 - good.failure_free_days  # failures at the 95th percentile, in days
+        steps_fit = max(0, int(steps * (available - tail) / good.failure_free_days))
+        warnings.append(
+            f"{good.name}: 1 run in 20 finishes after {_utc(start + timedelta(days=good.days_p95))} (expected "
+            f"{_utc(start + timedelta(days=good.days))}), later than {_utc(end)}, when AWS begins terminating the "
+            f"Capacity Blocks' instances (30 minutes before the earliest gpu_queue.capacity_reservations end); "
+            f"lower steps to {steps_fit:,} or fewer in {where}, or start earlier (goodput.training_start)")
+    return warnings
+
+
+def _percent(p: float) -> str:
+    return f"{p:.0%}" if p >= 0.01 or p == 0 else f"{p * 100:.2g}%"
+
+
+def _utc(when: datetime) -> str:
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def spares_alternative(settings: Settings, spares: int) -> Settings:
+    """``settings`` with ``gpu_queue.spare_nodes: spares``, the models shrunk to make room: one node at a
+    time from the model that, without it, finishes earliest (days with the expected failures). The shrunk
+    model keeps its layout valid and its tokens: its global batch is rounded down to a multiple of what its
+    fewer data-parallel ranks take per micro-batch, its steps raised to match."""
+    queue = settings.gpu_queue
+    if not 0 <= spares < queue.max_count:
+        raise SettingsError(f"--spares {spares}: choose 0 to {queue.max_count - 1} (gpu_queue.max_count {queue.max_count})")
+    trial = settings.model_copy(update={"gpu_queue": queue.model_copy(update={"spare_nodes": spares})})
+    gpu = gpu_of(settings)
+    if gpu is None:
+        raise SettingsError(f"--spares needs days per model: set plan.gpu_memory_gib and plan.gpu_peak_tflops "
+                            f"for {queue.instance_type}")
+    usable_gib = gpu.memory_gib * (1 - settings.plan.memory_headroom)
+    models = list(settings.models)
+    for _ in range(sum(m.nodes for m in models) + spares - queue.max_count):
+        options = []
+        for index, model in enumerate(models):
+            shrunk = _one_node_fewer(settings, model)
+            if shrunk is None:
+                continue
+            base = dict(name=shrunk.name, preset=shrunk.preset, nodes=shrunk.nodes,
+                        gpus=shrunk.nodes * queue.gpus_per_instance,
+                        cost_per_hour_usd=shrunk.nodes * queue.price_per_instance_hour_usd)
+            row, errors, _ = _size_model(base, shrunk, trial, gpu, usable_gib, settings.storage.checkpoints.throughput_mb_s)
+            if not errors:  # still fits in GPU memory
+                options.append((row.goodput.days, index, shrunk))
+        if not options:
+            raise SettingsError(f"--spares {spares}: no model can give up another node and still run; "
+                                "lower --spares or raise gpu_queue.max_count")
+        _, index, shrunk = min(options, key=lambda option: option[:2])
+        models[index] = shrunk
+    return Settings.model_validate({**settings.model_dump(), "gpu_queue": trial.gpu_queue.model_dump(),
+                                    "models": [model.model_dump() for model in models]})
+
+
+def _one_node_fewer(settings: Settings, model: ModelPlan) -> ModelPlan | None:
+    """``model`` on one node fewer with the same tokens, or None where its layout cannot shrink."""
+    if model.nodes == 1:
+        return None
+    train = model_config(settings, model).train
+    per_step = train.micro_batch_size * (model.nodes - 1) * settings.gpu_queue.gpus_per_instance // train.tensor_parallel
+    batch = model.global_batch_size // per_step * per_step
+    if not batch:
+        return None
+    shrunk = model.model_copy(update={"nodes": model.nodes - 1, "global_batch_size": batch,
+                                      "steps": math.ceil(model.global_batch_size * model.steps / batch)})
+    try:
+        model_config(settings, shrunk)  # the trainer's own checks at the smaller world size (HSDP shards, TP)
+    except SettingsError:
+        return None
+    return shrunk
 
 
 def _fsx_size_gib(need_bytes: float) -> int:
@@ -344,8 +485,9 @@ def format_plan(plan: Plan) -> str:
         reserved = f", reserved {plan.reserved} in {count} {kind}{split}"
     gpu = f" ({plan.gpu.name}, {plan.gpu.memory_gib:.0f} GiB)" if plan.gpu else ""
     deadline = f", deadline {plan.deadline_days:g} days" if plan.deadline_days else ""
+    spare = f" + {plan.spare_nodes} spare" if plan.spare_nodes else ""
     lines = [
-        f"Plan for {plan.env}: {plan.nodes} x {plan.instance_type}{gpu} of max {plan.max_count}{reserved}; "
+        f"Plan for {plan.env}: {plan.nodes} x {plan.instance_type}{gpu}{spare} of max {plan.max_count}{reserved}; "
         f"MFU estimated per model from {plan.mfu:.0%} with communication hidden{deadline}",
         f"  {'model':<8} {'preset':<11} {'nodes':>5} {'GPUs':>4} {'params':>6} {'tokens':>6} {'tok/p':>5} {'FLOPs':>7} "
         f"{'MFU':>4} {'days':>5} {'$/hour':>8} {'$ to finish':>11} {'GiB/GPU':>7} {'ckpt GB':>7} {'save s':>6} {'every h':>7}",
@@ -371,6 +513,7 @@ def format_plan(plan: Plan) -> str:
                 m = r.memory
                 lines.append(f"  {r.name:<8} {m['parameters']:>6.1f} {m['gradients']:>6.1f} {m['optimizer']:>6.1f} "
                              f"{m['gathered']:>6.1f} {m['activations']:>6.1f} {m['transient']:>6.1f} {m['total']:>6.1f}")
+    lines += _format_goodput(plan)
     need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
     if capacity:
         lines.append(f"  checkpoints at peak (keep + 1 in flight, every model): {need / TIB:.2f} TiB of "
@@ -397,6 +540,59 @@ def format_plan(plan: Plan) -> str:
                      "scaled by its ratios, the others keep the estimates")
     lines += [f"  ERROR: {e}" for e in plan.errors]
     lines += [f"  WARNING: {w}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def _format_goodput(plan: Plan) -> list[str]:
+    if not plan.goodputs:
+        return []
+    a = plan.assume
+    lines = [f"  goodput (cluster_config/goodput.py): {a.failures_per_1000_node_days:g} failures per 1,000 node-days, "
+             f"{a.recovery_s:.0f} s to detect, requeue and restart, {a.node_replacement_min:g} min to replace a node;",
+             f"  {plan.spare_nodes} spare node{'s' if plan.spare_nodes != 1 else ''}: a failure finds none free "
+             f"{_percent(plan.p_no_spare)} of the time ({plan.mean_nodes_down:.3f} nodes down at once on average); "
+             "days and $ with the expected failures:",
+             f"  {'model':<8} {'fails':>5} {'ckpt h':>6} {'Young h':>7} {'h/fail':>6} {'ETTR':>7} {'days':>5} "
+             f"{'p95 d':>5} {'lost GPU-h':>10} {'lost $':>8}"]
+    for g in plan.goodputs:
+        lines.append(f"  {g.name:<8} {g.expected_failures:>5.2f} {g.checkpoint_interval_s / 3600:>6.1f} "
+                     f"{g.young_interval_s / 3600:>7.1f} {g.lost_per_failure_s / 3600:>6.2f} {g.ettr:>7.2%} "
+                     f"{g.days:>5.1f} {g.days_p95:>5.1f} {g.lost_gpu_hours:>10,.0f} {g.lost_usd:>8,.0f}")
+    lines.append(f"  {'total':<8} {plan.expected_failures:>5.2f} {'':>6} {'':>7} {'':>6} {plan.ettr:>7.2%} "
+                 f"{plan.goodput_days:>5.1f} {'':>5} {plan.lost_gpu_hours:>10,.0f} {plan.lost_usd:>8,.0f}")
+    start, end = a.training_start, plan.capacity_end
+    if start and end:
+        late = max(plan.goodputs, key=lambda g: g.days_p95)
+        margin = (end - start) / timedelta(days=1) - late.days_p95
+        lines.append(f"  training starts {_utc(start)}; AWS begins terminating the Capacity Blocks at {_utc(end)}, "
+                     f"{(end - start) / timedelta(days=1):.2f} days later; the last 95th-percentile finish "
+                     f"({late.name}, {late.days_p95:.2f} days) leaves {margin * 24:.1f} h")
+    elif plan.capacity_blocks:
+        lines.append("  finishes not checked against the Capacity Blocks' end: set gpu_queue.capacity_reservations[].end "
+                     "and goodput.training_start")
+    return lines
+
+
+def format_spares_trade(before: Plan, after: Plan) -> str:
+    """Nodes, days and ETTR per model as the settings are and with ``after``'s spares; the entries that change."""
+    def spares(plan: Plan) -> str:
+        return f"{plan.spare_nodes} spare{'s' if plan.spare_nodes != 1 else ''}"
+
+    lines = [f"Spares for {before.env}: {spares(before)} (the settings) vs {spares(after)}; days with the expected failures",
+             f"  {'':<8} {spares(before):>19} | {spares(after):>19}",
+             f"  {'model':<8} {'nodes':>5} {'days':>5} {'ETTR':>7} | {'nodes':>5} {'days':>5} {'ETTR':>7}  entry to write"]
+    for a, b in zip(before.rows, after.rows):
+        ga, gb = a.goodput, b.goodput
+        entry = (f"nodes: {b.nodes}, global_batch_size: {b.global_batch_size}, steps: {b.steps}"
+                 if (a.nodes, a.global_batch_size, a.steps) != (b.nodes, b.global_batch_size, b.steps) else "")
+        lines.append(f"  {a.name:<8} {a.nodes:>5} {ga.days:>5.1f} {ga.ettr:>7.2%} | {b.nodes:>5} {gb.days:>5.1f} "
+                     f"{gb.ettr:>7.2%}  {entry}".rstrip())
+    lines.append(f"  {'cluster':<8} {before.nodes:>5} {before.goodput_days:>5.1f} {before.ettr:>7.2%} | "
+                 f"{after.nodes:>5} {after.goodput_days:>5.1f} {after.ettr:>7.2%}")
+    for plan in (before, after):
+        lines.append(f"  {spares(plan)}: failures cost {plan.lost_node_hours:,.0f} node-hours (${plan.lost_usd:,.0f}); "
+                     f"a failure finds no spare free {_percent(plan.p_no_spare)} of the time; the spares stay out of "
+                     f"training for {plan.spare_nodes * plan.goodput_days * 24:,.0f} node-hours")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -65,6 +66,8 @@ class NetworkSettings(_Strict):
 PCLUSTER_BOOTSTRAP_TIMEOUT_S = 2100
 # The most instances one Capacity Block for ML holds (EC2 User Guide, "Capacity Blocks for ML").
 CAPACITY_BLOCK_MAX_INSTANCES = 64
+# AWS begins terminating a Capacity Block's instances this long before the block ends (EC2 User Guide).
+CAPACITY_BLOCK_END_NOTICE = timedelta(minutes=30)
 
 
 def _bootstrap_timeout(field: str, value: int) -> int:
@@ -98,6 +101,9 @@ class CapacityReservationSettings(_Strict):
     # capacity_block: a Capacity Block for ML (fixed dates, at most 64 instances; CapacityType
     # CAPACITY_BLOCK, and ParallelCluster needs every node static). Both ids start with cr-.
     kind: Literal["odcr", "capacity_block"] = "odcr"
+    # A Capacity Block's end, with its zone (e.g. 2027-01-18T11:30:00Z): the plan flags a model that
+    # would still be training when AWS terminates the block's instances.
+    end: Optional[datetime] = None
 
     @field_validator("id")
     @classmethod
@@ -109,6 +115,11 @@ class CapacityReservationSettings(_Strict):
             )
         return value
 
+    @field_validator("end")
+    @classmethod
+    def _end(cls, value: Optional[datetime]) -> Optional[datetime]:
+        return _aware(value)
+
     @model_validator(mode="after")
     def _block_size(self) -> "CapacityReservationSettings":
         if self.kind == "capacity_block" and self.instance_count > CAPACITY_BLOCK_MAX_INSTANCES:
@@ -116,6 +127,11 @@ class CapacityReservationSettings(_Strict):
                 f"instance_count {self.instance_count} is above {CAPACITY_BLOCK_MAX_INSTANCES}, the most instances "
                 "one Capacity Block holds (EC2 User Guide, Capacity Blocks for ML); list each block you bought "
                 "as its own capacity_reservations entry (e.g. 80 nodes as two blocks of 40)"
+            )
+        if self.end is not None and self.kind != "capacity_block":
+            raise ValueError(
+                f"end is set for {self.id}, an ODCR: its instances keep running On-Demand after it ends; "
+                "remove end (only a Capacity Block's end stops training)"
             )
         return self
 
@@ -144,6 +160,11 @@ class GpuQueueSettings(_Strict):
     efa: EfaSettings = EfaSettings()
     root_volume: RootVolumeSettings = RootVolumeSettings()
     price_per_instance_hour_usd: float = Field(gt=0)
+    # Nodes kept out of every model's share (its Slurm QOS), so that a job requeued after a node
+    # failure restarts at once instead of waiting for ParallelCluster to replace the node. What N
+    # spares buy and cost, and which models give up the nodes: `python -m cluster_config plan --env
+    # ENV --spares N` (docs/goodput.md).
+    spare_nodes: int = Field(0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -215,6 +236,13 @@ class GpuQueueSettings(_Strict):
         """ParallelCluster's queue CapacityType for the reservations (one kind per queue)."""
         reservations = self.capacity_reservations
         return "CAPACITY_BLOCK" if reservations and reservations[0].kind == "capacity_block" else "ONDEMAND"
+
+    @property
+    def capacity_end(self) -> Optional[datetime]:
+        """When AWS begins terminating the reservations' instances: the earliest Capacity Block end,
+        less the 30-minute notice (a model's nodes may sit in any block); None without an end."""
+        ends = [r.end for r in self.capacity_reservations if r.end is not None]
+        return min(ends) - CAPACITY_BLOCK_END_NOTICE if ends else None
 
     @property
     def reserved_count(self) -> int:
@@ -365,6 +393,43 @@ class PlanSettings(_Strict):
     gpu_peak_tflops: Optional[float] = Field(None, gt=0)  # dense bf16; default: from the instance type
 
 
+class GoodputSettings(_Strict):
+    """What the plan assumes of failures and recovery (cluster_config/goodput.py, docs/goodput.md)."""
+
+    # Unexpected interruptions per 1,000 node-days. 3.8: Llama 3's pre-training, 419 in 54 days on
+    # 16,384 H100 = 2,048 nodes (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.4);
+    # Kokolis et al. 2024 (arXiv 2410.21680) measured 2.3 and 6.5 on two research clusters.
+    failures_per_1000_node_days: float = Field(3.8, ge=0)
+    # From a failure to the restarted job's first step, when a node is free to restart on: detection
+    # (a dead peer fails the collective within train.timeout_s, 100 s; a hang waits for the progress
+    # watchdog, at least 180 s), the requeue (Slurm's prolog health check, its hold on a requeued
+    # job) and the restart (rendezvous, NCCL start-up, reading the checkpoint: ~2 min for the 70B).
+    # An assumption: the recovery benchmark measured 28 s on the local cluster, with a tiny model
+    # and an 8 s watchdog (docs/training.md, Benchmarks), a floor rather than a production figure.
+    recovery_s: float = Field(600, ge=0)
+    # A failed node's replacement, waited for when no spare node is free: clustermgtd finds the
+    # DOWN/DRAINED static node within its 60 s loop and terminates it, the Capacity Block frees the
+    # slot after several minutes of clean-up, and the new instance boots and runs the compute
+    # bootstrap, which ParallelCluster fails after compute_bootstrap_timeout_s (2,100 s = 35 min).
+    node_replacement_min: float = Field(25, gt=0)
+    # When the models' jobs start, with its zone (e.g. 2027-01-04T13:30:00Z); with the Capacity
+    # Blocks' end (gpu_queue.capacity_reservations[].end) a model finishing after it is flagged.
+    training_start: Optional[datetime] = None
+    # Effective training time ratio (productive / wall time) below which a model is flagged.
+    min_ettr: float = Field(0.95, gt=0, le=1)
+
+    @field_validator("training_start")
+    @classmethod
+    def _start(cls, value: Optional[datetime]) -> Optional[datetime]:
+        return _aware(value)
+
+
+def _aware(value: Optional[datetime]) -> Optional[datetime]:
+    if value is not None and value.tzinfo is None:
+        raise ValueError(f"{value.isoformat()} has no time zone; write it in UTC with a Z, e.g. {value.isoformat()}Z")
+    return value
+
+
 class AlertsSettings(_Strict):
     """Who is told when something breaks, and when a silent model counts as stalled (docs/monitoring.md)."""
 
@@ -397,6 +462,7 @@ class Settings(_Strict):
     storage: StorageSettings
     models: list[ModelPlan] = Field(default_factory=list)
     plan: PlanSettings = PlanSettings()
+    goodput: GoodputSettings = GoodputSettings()
     alerts: AlertsSettings = AlertsSettings()
     # DevSettings.Timeouts.ComputeNodeBootstrapTimeout. ParallelCluster's default holds what the compute
     # nodes' custom actions add at boot (python3.11 from dnf: about a minute). It is also Slurm's
@@ -453,11 +519,19 @@ class Settings(_Strict):
         if offered:
             # One line per key; the region's offerings ship in cluster_config/instance_offerings.json.
             raise ValueError("\n  ".join(offered))
-        planned = sum(model.nodes for model in self.models)
-        if planned > self.gpu_queue.max_count:
+        planned, spares = sum(model.nodes for model in self.models), self.gpu_queue.spare_nodes
+        if planned + spares > self.gpu_queue.max_count:
+            kept = f" and gpu_queue.spare_nodes keeps {spares} out of every share" if spares else ""
             raise ValueError(
-                f"models: the plan needs {planned} nodes but gpu_queue.max_count is {self.gpu_queue.max_count}; "
-                "give fewer nodes to some models or raise max_count"
+                f"models: the plan needs {planned} nodes{kept} but gpu_queue.max_count is {self.gpu_queue.max_count}; "
+                f"give fewer nodes to some models{', lower spare_nodes' if spares else ''} or raise max_count"
+            )
+        start, end = self.goodput.training_start, self.gpu_queue.capacity_end
+        if start is not None and end is not None and start >= end:
+            raise ValueError(
+                f"goodput.training_start {start.isoformat()} is not before {end.isoformat()}, when AWS begins "
+                "terminating the Capacity Blocks' instances (30 minutes before the earliest "
+                "gpu_queue.capacity_reservations end); fix the start or the blocks' end"
             )
         return self
 

@@ -140,7 +140,8 @@ def test_reservation_ids_must_be_unique(tmp_path):
 
 
 def test_mixed_reservation_kinds_are_refused(tmp_path):
-    message = rejection(tmp_path, gpu_queue__capacity_reservations__1__kind="odcr")
+    message = rejection(tmp_path, gpu_queue__capacity_reservations__1__kind="odcr",
+                        gpu_queue__capacity_reservations__1__end="DELETE")  # an ODCR has no end that stops nodes
     assert (f"gpu_queue: capacity_reservations mixes kinds (capacity_block: {CR_A}; odcr: {CR_B}), but ParallelCluster's "
             "CapacityType is per queue") in message
     assert "keep one kind in gpu_queue" in message

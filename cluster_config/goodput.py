@@ -1,0 +1,154 @@
+"""Goodput: what node failures cost each model of the plan, and what spare nodes buy back.
+
+The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the sources):
+
+  failures     every node fails at ``λ = goodput.failures_per_1000_node_days / 1000`` per day,
+               independently, whenever its model holds it (waits included): the model fails at
+               ``Λ = λ n`` per day
+  one failure  costs the model ``L = recovery_s`` (detect, requeue, restart)
+                                 ``+ τ / 2 + save_s`` (the work since the last committed checkpoint: half
+                                   an interval on average, plus the save in flight, not yet committed)
+                                 ``+ R x P(no spare)`` (the wait for ParallelCluster's replacement node)
+  ETTR         productive / wall time ``= 1 - Λ L``; days to finish ``= failure-free days / ETTR``;
+               expected failures ``= Λ x days``; lost GPU-hours ``= (days - failure-free days) x 24 x GPUs``
+  spares       with ``N`` nodes training, failures arrive at ``λ N`` per day and each failed node is
+               replaced ``R`` later, so the nodes down at once are Poisson with mean ``a = λ N R`` (an
+               M/G/∞ queue: the mean holds for any distribution of the replacement time). A failure
+               finds no spare free when the nodes already down hold all ``S`` spares:
+               ``P(no spare) = P(Poisson(a) >= S)``, 1 without spares. The model then waits the whole
+               ``R`` (an upper bound: a replacement already under way may end sooner).
+  interval τ   the one the model's training config runs: every ``checkpoint.every`` steps, or sooner
+               after ``checkpoint.every_minutes``. Young's interval ``sqrt(2 x save_s / Λ)`` (Young
+               1974), the classic optimum for a save that stops training, is given beside it.
+  p95          the 95th percentile of the days: the failure count's 95th percentile (Poisson with the
+               expected count as mean) times ``L`` on top of the failure-free days.
+
+``goodput(row, settings)`` gives one model's ``Goodput`` (inputs and results) from its plan row;
+``build_plan(settings).rows[i].goodput`` holds the same for every model. A simulation of the cluster
+compares its measured failures, lost GPU-hours, ETTR and days with these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cluster_config.settings import Settings
+
+if TYPE_CHECKING:
+    from cluster_config.plan import ModelRow
+
+DAY_S = 86400.0
+P95 = 0.95
+
+
+def young_interval_s(save_s: float, failures_per_day: float) -> float:
+    """Young's checkpoint interval, seconds: sqrt(2 x save time / failure rate); inf without failures."""
+    if failures_per_day <= 0:
+        return math.inf
+    return math.sqrt(2 * save_s / (failures_per_day / DAY_S))
+
+
+def p_no_spare(mean_down: float, spares: int) -> float:
+    """P(Poisson(mean_down) >= spares): a failure finds every spare held by nodes already down."""
+    below = sum(math.exp(-mean_down) * mean_down**k / math.factorial(k) for k in range(spares))
+    return max(0.0, 1.0 - below)
+
+
+def poisson_quantile(mean: float, q: float) -> int | float:
+    """The smallest k with P(Poisson(mean) <= k) >= q (inf for an infinite mean)."""
+    if not math.isfinite(mean):
+        return math.inf
+    if mean <= 0:
+        return 0
+    k, cdf = 0, 0.0
+    while True:  # each term in logs: exp(-mean) alone underflows for a mean of a few hundred
+        cdf += math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1))
+        if cdf >= q:
+            return k
+        k += 1
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """One model's failures and what they cost. Inputs first; the results are derived from them."""
+
+    name: str
+    nodes: int
+    gpus: int
+    cost_per_hour_usd: float
+    failure_free_days: float  # the plan's days at its MFU, nothing failing
+    failures_per_day: float  # Λ = λ x nodes
+    checkpoint_interval_s: float  # τ, as the model's training config saves
+    save_s: float  # one checkpoint at the checkpoint file system's throughput
+    recovery_s: float  # detect, requeue, restart
+    replacement_s: float  # R: ParallelCluster replacing a failed node
+    p_no_spare: float  # a failure finds no spare node free
+
+    @property
+    def young_interval_s(self) -> float:
+        return young_interval_s(self.save_s, self.failures_per_day)
+
+    @property
+    def rework_s(self) -> float:
+        """Work lost to a failure: half an interval, plus the save in flight (not yet committed)."""
+        return self.checkpoint_interval_s / 2 + self.save_s
+
+    @property
+    def replacement_wait_s(self) -> float:
+        return self.replacement_s * self.p_no_spare
+
+    @property
+    def lost_per_failure_s(self) -> float:
+        return self.recovery_s + self.rework_s + self.replacement_wait_s
+
+    @property
+    def ettr(self) -> float:
+        """Effective training time ratio: productive time / wall time (0: failures outpace progress)."""
+        return max(0.0, 1.0 - self.failures_per_day * self.lost_per_failure_s / DAY_S)
+
+    @property
+    def days(self) -> float:
+        return self.failure_free_days / self.ettr if self.ettr else math.inf
+
+    @property
+    def expected_failures(self) -> float:
+        return self.failures_per_day * self.days
+
+    @property
+    def days_p95(self) -> float:
+        return self.failure_free_days + poisson_quantile(self.expected_failures, P95) * self.lost_per_failure_s / DAY_S
+
+    @property
+    def lost_node_hours(self) -> float:
+        return (self.days - self.failure_free_days) * 24 * self.nodes
+
+    @property
+    def lost_gpu_hours(self) -> float:
+        return (self.days - self.failure_free_days) * 24 * self.gpus
+
+    @property
+    def lost_usd(self) -> float:
+        return (self.days - self.failure_free_days) * 24 * self.cost_per_hour_usd
+
+
+def mean_nodes_down(settings: Settings) -> float:
+    """Nodes down at once on average: failures of every model's nodes x the replacement time."""
+    assume = settings.goodput
+    training = sum(model.nodes for model in settings.models)
+    return assume.failures_per_1000_node_days / 1000 * training * assume.node_replacement_min / 1440
+
+
+def goodput(row: ModelRow, settings: Settings) -> Goodput:
+    """``row``'s model (a plan row: nodes, failure-free days, checkpoint interval and save time) under
+    ``settings.goodput`` and ``settings.gpu_queue.spare_nodes``."""
+    assume = settings.goodput
+    return Goodput(
+        name=row.name, nodes=row.nodes, gpus=row.gpus, cost_per_hour_usd=row.cost_per_hour_usd,
+        failure_free_days=row.days,
+        failures_per_day=assume.failures_per_1000_node_days / 1000 * row.nodes,
+        checkpoint_interval_s=row.checkpoint_every_h * 3600, save_s=row.save_s, recovery_s=assume.recovery_s,
+        replacement_s=assume.node_replacement_min * 60,
+        p_no_spare=p_no_spare(mean_nodes_down(settings), settings.gpu_queue.spare_nodes),
+    )

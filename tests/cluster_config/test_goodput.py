@@ -1,0 +1,192 @@
+"""Goodput: failures, what each costs, ETTR, spares and the Capacity Blocks' end, checked by hand."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from cluster_config.goodput import Goodput, goodput, p_no_spare, poisson_quantile, young_interval_s
+from cluster_config.plan import build_plan, spares_alternative
+from cluster_config.settings import SettingsError, load_settings
+
+
+def hand_case(**changes) -> Goodput:
+    """10 nodes at 3.8 failures per 1,000 node-days, 10 days without failures, hourly saves of 100 s,
+    600 s to recover, 25 min to replace a node and no spare."""
+    inputs = dict(name="m", nodes=10, gpus=80, cost_per_hour_usd=346.0, failure_free_days=10.0,
+                  failures_per_day=0.038, checkpoint_interval_s=3600.0, save_s=100.0, recovery_s=600.0,
+                  replacement_s=1500.0, p_no_spare=1.0)
+    return Goodput(**{**inputs, **changes})
+
+
+def test_expected_failures_and_lost_time_by_hand():
+    g = hand_case()
+    # Each failure: 600 s recovery + 1,800 s (half an hour's interval) + 100 s (the save in flight) + 1,500 s waiting.
+    assert g.lost_per_failure_s == 4000
+    assert g.ettr == pytest.approx(1 - 0.038 * 4000 / 86400)  # 99.82 %
+    assert g.days == pytest.approx(10 / (1 - 0.038 * 4000 / 86400))  # 10.018
+    assert g.expected_failures == pytest.approx(0.038 * g.days)  # 0.38
+    assert g.expected_failures * g.lost_per_failure_s / 86400 == pytest.approx(g.days - 10)
+    assert g.lost_gpu_hours == pytest.approx((g.days - 10) * 24 * 80)  # 33.8
+    assert g.lost_usd == pytest.approx(g.lost_gpu_hours / 8 * 34.6)
+
+
+def test_no_failures_lose_nothing_and_failures_faster_than_recovery_never_finish():
+    assert hand_case(failures_per_day=0).days == 10 and hand_case(failures_per_day=0).lost_gpu_hours == 0
+    hopeless = hand_case(failures_per_day=86400 / 4000)  # a failure every 4,000 s, each costing 4,000 s
+    assert hopeless.ettr == 0 and hopeless.days == math.inf
+
+
+def test_young_interval_by_hand():
+    # sqrt(2 x 100 s / (1 per day = 1/86,400 per s)) = sqrt(17,280,000) s = 4,157 s
+    assert young_interval_s(100, 1.0) == pytest.approx(4156.9, abs=0.1)
+    # Four times the failure rate halves it; four times the save doubles it.
+    assert young_interval_s(100, 4.0) == pytest.approx(young_interval_s(100, 1.0) / 2)
+    assert young_interval_s(400, 1.0) == pytest.approx(2 * young_interval_s(100, 1.0))
+    assert young_interval_s(100, 0) == math.inf
+
+
+def test_prod_model7_by_hand():
+    settings = load_settings("prod")
+    row = next(r for r in build_plan(settings).rows if r.name == "model7")
+    g = goodput(row, settings)
+    assert g == row.goodput
+    assert g.failures_per_day == pytest.approx(3.8 / 1000 * 34)  # 0.129 per day
+    assert g.save_s == pytest.approx(row.checkpoint_bytes / 7031.25e6)  # 0.83 TB at 7,031 MB/s: 118 s
+    assert g.checkpoint_interval_s == 3600  # every_minutes: 60 comes before 500 steps of ~24 s
+    # 3.49 h: sqrt(2 x 118 s / 0.129 per day)
+    assert g.young_interval_s / 3600 == pytest.approx(math.sqrt(2 * g.save_s * 86400 / (0.0038 * 34)) / 3600)
+    assert 3.4 < g.young_interval_s / 3600 < 3.6
+    assert g.lost_per_failure_s == pytest.approx(600 + 1800 + g.save_s + 25 * 60)
+    assert g.expected_failures == pytest.approx(0.0038 * 34 * g.days)
+    assert 1.7 < g.expected_failures < 1.9 and 0.99 < g.ettr < 0.995
+
+
+def test_probability_of_no_free_spare_by_hand():
+    # prod: 80 nodes at 3.8 per 1,000 node-days, replaced in 25 min: 0.00528 nodes down at once on average.
+    a = 3.8 / 1000 * 80 * 25 / 1440
+    assert build_plan(load_settings("prod")).mean_nodes_down == pytest.approx(a)
+    assert p_no_spare(a, 0) == 1
+    assert p_no_spare(a, 1) == pytest.approx(1 - math.exp(-a))  # 0.53 %
+    assert p_no_spare(a, 2) == pytest.approx(1 - math.exp(-a) * (1 + a))  # 0.0014 %: about a^2 / 2
+    assert p_no_spare(2.0, 3) == pytest.approx(1 - 5 * math.exp(-2))  # 1 - e^-2 (1 + 2 + 2^2/2) = 0.323
+
+
+def test_poisson_quantile_by_hand():
+    # mean 1: P(<= 2) = 0.920, P(<= 3) = 0.981
+    assert poisson_quantile(1.0, 0.95) == 3
+    assert poisson_quantile(0.0, 0.95) == 0
+    assert poisson_quantile(1000.0, 0.95) == pytest.approx(1000 + 1.645 * math.sqrt(1000), abs=3)  # no underflow
+    assert poisson_quantile(math.inf, 0.95) == math.inf
+
+
+def test_spares_remove_the_wait_for_a_replacement_node():
+    settings = load_settings("prod")
+    with_spares = spares_alternative(settings, 2)
+    assert with_spares.gpu_queue.spare_nodes == 2
+    assert sum(m.nodes for m in with_spares.models) == 78
+    before, after = build_plan(settings), build_plan(with_spares)
+    for a, b in zip(before.goodputs, after.goodputs):
+        assert a.replacement_wait_s == 1500
+        assert b.replacement_wait_s < 0.1  # 1,500 s x 0.0014 %
+        assert b.lost_per_failure_s < a.lost_per_failure_s
+        assert b.ettr > a.ettr
+    assert after.ettr > before.ettr and after.lost_usd < before.lost_usd
+
+
+def test_two_spares_come_from_the_models_with_room_keeping_their_tokens():
+    settings = load_settings("prod")
+    before, after = build_plan(settings), build_plan(spares_alternative(settings, 2))
+    changed = {b.name: b for a, b in zip(before.rows, after.rows) if a.nodes != b.nodes}
+    assert sorted(changed) == ["model5", "model6"]  # 12 -> 11 nodes; the others would finish after 14 days
+    for row in changed.values():
+        # HSDP on 88 GPUs at micro-batch 1: 1,152 sequences per step round down to 1,144 = 13 x 88.
+        assert (row.nodes, row.global_batch_size, row.steps) == (11, 1144, 72504)
+        assert row.global_batch_size * row.steps >= 1152 * 72000
+    assert after.warnings == () and after.errors == ()
+    assert all(g.days < 14 for g in after.goodputs)
+
+
+def test_cli_plan_spares_prints_the_trade():
+    out = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--spares", "2"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("Plan for prod: 78 x p5e.48xlarge (H200, 140 GiB) + 2 spare of max 80")
+    assert "Spares for prod: 0 spares (the settings) vs 2 spares" in out
+    assert "nodes: 11, global_batch_size: 1144, steps: 72504" in out
+    assert "2 spares: failures cost" in out and "the spares stay out of training for" in out
+    assert "WARNING" not in out
+
+
+def test_cli_plan_refuses_more_spares_than_nodes():
+    result = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--spares", "80"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--spares 80: choose 0 to 79" in result.stderr
+
+
+def test_prod_plan_shows_goodput_and_fits_before_the_blocks_end():
+    plan = build_plan(load_settings("prod"))
+    assert plan.spare_nodes == 0 and plan.p_no_spare == 1
+    assert plan.capacity_end.isoformat() == "2027-01-18T11:00:00+00:00"  # 30 minutes before the blocks' end
+    assert plan.warnings == ()
+    assert 3.5 < plan.expected_failures < 4.5 and 0.99 < plan.ettr < 1
+    out = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "goodput (cluster_config/goodput.py): 3.8 failures per 1,000 node-days" in out
+    assert "0 spare nodes: a failure finds none free 100% of the time" in out
+    assert "AWS begins terminating the Capacity Blocks at 2027-01-18 11:00 UTC" in out
+
+
+# --- flags ---------------------------------------------------------------------------------------
+
+def test_a_low_ettr_is_flagged_with_its_causes(tmp_path, write_env):
+    plan = build_plan(load_settings("prod", write_env(tmp_path, "prod", goodput__failures_per_1000_node_days=200)))
+    low = [w for w in plan.warnings if "is below goodput.min_ettr 95%" in w]
+    # 1 - 0.2 x 7 x 1.09 h / 24 h = 94 %: the 7-node models and larger; the 4-node ones keep 96 %
+    assert [w.split(":")[0] for w in low] == ["model3", "model4", "model5", "model6", "model7"]
+    assert "min to recover" in low[-1] and "waiting for a replacement node" in low[-1]
+    assert "checkpoint.every_minutes" in low[-1] and "gpu_queue.spare_nodes" in low[-1]
+
+
+def test_failures_alone_can_make_a_model_late(tmp_path, write_env):
+    """model7's former 51,000 steps: 13.94 days without failures, after the 14-day deadline with them."""
+    settings = load_settings("prod", write_env(tmp_path, "prod", models__6__steps=51000,
+                                               gpu_queue__capacity_reservations__0__end="DELETE",
+                                               gpu_queue__capacity_reservations__1__end="DELETE"))
+    late = [w for w in build_plan(settings).warnings if w.startswith("model7: finishes in")]
+    assert len(late) == 1 and "(13.94 without failures)" in late[0] and "after plan.deadline_days 14" in late[0]
+
+
+def test_a_finish_after_the_blocks_end_is_flagged(tmp_path, write_env):
+    blocks = load_settings("prod").gpu_queue.capacity_reservations
+    one_day_sooner = {f"gpu_queue__capacity_reservations__{i}__end": "2027-01-17T11:30:00Z" for i in range(len(blocks))}
+    plan = build_plan(load_settings("prod", write_env(tmp_path, "prod", **one_day_sooner)))
+    late = [w for w in plan.warnings if "when AWS begins terminating the Capacity Blocks' instances" in w]
+    assert [w.split(":")[0] for w in late] == ["model7"]  # 13.85 days at the 95th percentile, 12.90 available
+    assert "later than 2027-01-17 11:00 UTC" in late[0] and "or start earlier (goodput.training_start)" in late[0]
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+def test_spares_that_do_not_fit_beside_the_models_are_refused(tmp_path, write_env):
+    with pytest.raises(SettingsError, match=r"models: the plan needs 80 nodes and gpu_queue.spare_nodes keeps 2 out of "
+                                            r"every share but gpu_queue.max_count is 80; give fewer nodes to some "
+                                            r"models, lower spare_nodes or raise max_count"):
+        load_settings("prod", write_env(tmp_path, "prod", gpu_queue__spare_nodes=2))
+
+
+def test_a_start_after_the_blocks_end_is_refused(tmp_path, write_env):
+    with pytest.raises(SettingsError, match=r"goodput.training_start 2027-01-18T11:15:00\+00:00 is not before "
+                                            r"2027-01-18T11:00:00\+00:00, when AWS begins terminating"):
+        load_settings("prod", write_env(tmp_path, "prod", goodput__training_start="2027-01-18T11:15:00Z"))
+
+
+def test_dates_without_a_zone_and_an_odcr_end_are_refused(tmp_path, write_env):
+    with pytest.raises(SettingsError, match=r"goodput.training_start: 2027-01-04T13:30:00 has no time zone; write it "
+                                            r"in UTC with a Z, e.g. 2027-01-04T13:30:00Z"):
+        load_settings("prod", write_env(tmp_path, "prod", goodput__training_start="2027-01-04T13:30:00"))
+    odcr = [{"id": "cr-0a1b2c3d4e5f60718", "instance_count": 80, "end": "2027-01-18T11:30:00Z"}]
+    with pytest.raises(SettingsError, match=r"end is set for cr-0a1b2c3d4e5f60718, an ODCR: its instances keep running"):
+        load_settings("prod", write_env(tmp_path, "prod", gpu_queue__capacity_reservations=odcr, gpu_queue__min_count=0))
