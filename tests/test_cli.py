@@ -38,6 +38,8 @@ ENTRY_POINTS = [
      "no /nonexistent/models/cluster.json — write one with python -m cluster_config jobs --env ENV --out DIR"),
     (PY + ["training.status", "--env", "prod", "--jobs-dir", "/nonexistent"],
      "no /nonexistent/models/cluster.json — write prod's with python -m cluster_config jobs --env prod --out DIR"),
+    (PY + ["monitoring.exporter", "--interval", "x"], "argument --interval: invalid float value: 'x' — see"),
+    (PY + ["monitoring.exporter", "--once", "--textfile-dir", "/nonexistent"], "/nonexistent is not a folder — create it"),
     (PY + ["cluster_checks.fsx_perf", "/fsx", "--out", "x", "--tool", "dd"], "argument --tool: invalid choice: 'dd'"),
     (PY + ["cluster_checks.nccl_tests", "/nonexistent_perf.log", "--out-dir", "x"], "— pass the *_perf.log files"),
     (PY + ["cluster_checks.collectives", "--out-dir", "x", "--backend", "mpi"], "argument --backend: invalid choice"),
