@@ -30,6 +30,8 @@ from training.config import Config, ConfigError, read_config_file, set_key, vali
 
 from cluster_config.settings import ModelPlan, Settings, SettingsError, load_settings
 
+USR1_LEAD_S = 600  # --signal=USR1@<this>: the trainer saves and stops (jobs/train.sh explains the lead)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES = REPO_ROOT / "jobs/training/configs"
 
@@ -82,7 +84,8 @@ def model_config(settings: Settings, model: ModelPlan) -> Config:
     return validate_config(training_config(settings, model))
 
 
-def job_script(settings: Settings, model: ModelPlan) -> str:
+def job_script(settings: Settings, model: ModelPlan, time_min_s: int) -> str:
+    """``time_min_s``: the model's shortest useful run (cluster_config/capacity_end.py: ``time_min_s``)."""
     queue = settings.gpu_queue
     gpus = model.nodes * queue.gpus_per_instance
     return f"""#!/usr/bin/env bash
@@ -102,7 +105,8 @@ def job_script(settings: Settings, model: ModelPlan) -> str:
 #SBATCH --gpus-per-node={queue.gpus_per_instance}
 #SBATCH --exclusive
 #SBATCH --time=24:00:00
-#SBATCH --signal=USR1@600
+#SBATCH --time-min={time_min_s // 60}
+#SBATCH --signal=USR1@{USR1_LEAD_S}
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -euo pipefail
@@ -144,12 +148,14 @@ def cluster_file(settings: Settings) -> dict:
 
 def job_files(settings: Settings) -> dict[str, str]:
     """Every model's generated files and the cluster file, by path under jobs/."""
-    files = {}
+    from cluster_config.capacity_end import save_seconds, time_min_s  # it plans with this module: imported when called
+
+    files, saves = {}, save_seconds(settings)
     for model in settings.models:
         config = training_config(settings, model)
         header = f"# {GENERATED_HEADER.format(env=settings.name, name=model.name)}\n"
         files[f"models/{model.name}.yaml"] = header + yaml.safe_dump(config, sort_keys=False)
-        files[f"train_{model.name}.sh"] = job_script(settings, model)
+        files[f"train_{model.name}.sh"] = job_script(settings, model, time_min_s(saves[model.name]))
     files[CLUSTER_FILE] = json.dumps(cluster_file(settings), indent=1) + "\n"
     return files
 

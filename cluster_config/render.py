@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
+from cluster_config.capacity_end import capacity_end_digest
 from cluster_config.settings import Settings
 from cluster_config.slurm_timeouts import custom_slurm_settings
 
@@ -419,6 +420,8 @@ def _directory_setup_action(
         args += ["--gpus", str(gpus)]
     args += ["--models-uri", f"s3://{resources.assets_bucket}/{models_key(settings)}"]
     if models_digest:
+        # The GPU queue's end (capacity_end.py) lies beside the model list; a changed end changes the config too.
+        args += ["--capacity-end-sha256", capacity_end_digest(settings)]
         args += ["--models-sha256", hashlib.sha256(models_file(settings).encode()).hexdigest()]
     return {"Script": script_uri(resources, DIRECTORY_SETUP_SCRIPT), "Args": args}
 

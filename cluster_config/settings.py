@@ -165,6 +165,10 @@ class GpuQueueSettings(_Strict):
     # spares buy and cost, and which models give up the nodes: `python -m cluster_config plan --env
     # ENV --spares N` (docs/goodput.md).
     spare_nodes: int = Field(0, ge=0)
+    # With a Capacity Block end: minutes before capacity_end (AWS's termination notice) from which
+    # Slurm starts nothing on the queue (a maintenance reservation); room for a save that overran its
+    # limit to finish under SIGTERM (KillWait). Synth checks it (cluster_config/capacity_end.py).
+    capacity_end_lead_min: int = Field(10, gt=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -14,6 +14,10 @@
 #   --gpus-per-node=<G>        every GPU of a node, gpu_queue.gpus_per_instance (CPU-only: sbatch --gpus-per-node=0)
 #   --exclusive                whole nodes: no other job on the GPUs, EFA devices or CPUs
 #   --time=24:00:00            a time limit; the run requeues itself before reaching it
+#   --time-min=<M>             the shortest run worth a restart (the USR1 lead + three saves or 10 min,
+#                              whichever is longer): to fit before a reservation (the GPU capacity's end,
+#                              cluster_config/capacity_end.py) Slurm may start the job with its limit
+#                              cut down as far as this, and USR1 then comes 10 min before the cut limit
 #   --signal=USR1@600          SIGUSR1 to the workers 10 min before the limit; the lead covers the
 #                              in-flight async save + one step + a synchronous save (70B on 14 nodes:
 #                              2 x ~160 s at 7 GB/s FSx) + Slurm's up-to-60 s delivery jitter

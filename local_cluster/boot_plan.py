@@ -15,8 +15,8 @@
 2. Fills the stand-in for the assets bucket, ``--s3``/<bucket>/, with what the cluster stack uploads
    there (stacks/cluster_stack.py): node_scripts/, the jobs bundle under jobs/ (jobs/ without the
    stack's excludes, plus the environment's model jobs and requirements-jobs.txt) and
-   cluster/<name>.yaml + cluster/<name>.models. Each prefix is replaced whole, as the stack's
-   BucketDeployment prunes what it no longer ships.
+   cluster/<name>.yaml, cluster/<name>.models and cluster/<name>.capacity_end. Each prefix is
+   replaced whole, as the stack's BucketDeployment prunes what it no longer ships.
 
 3. Writes the environment's model jobs into the checkout's jobs/ (train_<model>.sh, models/<model>.yaml),
    as ``python -m cluster_config jobs --env dev --out jobs`` does, so ``sbatch jobs/train_model1.sh``
@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from cli import ArgumentParser, fail
+from cluster_config.capacity_end import capacity_end_file, capacity_end_key
 from cluster_config.model_jobs import job_files, write_job_files
 from cluster_config.render import (
     CONFIG_PREFIX,
@@ -138,6 +139,7 @@ def write_plan(env: str, s3_root: Path, out: Path, jobs_dir: Path) -> None:
     configs = replace_prefix(bucket, CONFIG_PREFIX)
     (configs / config_key(settings).removeprefix(CONFIG_PREFIX)).write_text(to_yaml(config))
     (configs / models_key(settings).removeprefix(CONFIG_PREFIX)).write_text(models_file(settings))
+    (configs / capacity_end_key(settings).removeprefix(CONFIG_PREFIX)).write_text(capacity_end_file(settings))
 
     write_job_files(settings, jobs_dir)
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 import aws_cdk as cdk
 
+from cluster_config.capacity_end import check_capacity_end
 from cluster_config.plan import check_plan
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, available_environments, load_settings
 from stacks import nag
@@ -39,6 +40,7 @@ def settings_for(env_name: Optional[str], config_dir: Path = CONFIG_DIR) -> Sett
         raise SettingsError(f"no environment chosen: pass -c env=NAME (available: {available})")
     settings = load_settings(env_name, config_dir)
     check_plan(settings)  # a model that cannot fit in GPU memory, or overflowing checkpoints, stop synth
+    check_capacity_end(settings)  # a Capacity Block end that a model's last save could run past
     return settings
 
 

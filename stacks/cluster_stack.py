@@ -28,6 +28,7 @@ from cluster_config.render import (
     models_key,
     render_cluster_config,
 )
+from cluster_config.capacity_end import capacity_end_file, capacity_end_key
 from cluster_config.model_jobs import job_files
 from cluster_config.settings import Settings
 from stacks import nag
@@ -119,6 +120,8 @@ class ClusterStack(cdk.Stack):
             sources=[
                 s3deploy.Source.yaml_data(config_key(settings).removeprefix(CONFIG_PREFIX), self.config),
                 s3deploy.Source.data(models_key(settings).removeprefix(CONFIG_PREFIX), models_file(settings)),
+                # The GPU queue's end, for the head node's maintenance reservation (cluster_config/capacity_end.py).
+                s3deploy.Source.data(capacity_end_key(settings).removeprefix(CONFIG_PREFIX), capacity_end_file(settings)),
             ],
             destination_bucket=bucket,
             destination_key_prefix=CONFIG_PREFIX,

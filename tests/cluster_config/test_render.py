@@ -11,6 +11,7 @@ import sys
 import pytest
 import yaml
 
+from cluster_config.capacity_end import capacity_end_digest
 from cluster_config.render import (
     DIRECTORY_SETUP_SCRIPT,
     JOBS_HOME,
@@ -218,7 +219,9 @@ def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_f
         assert not set(args) & {m.name for m in settings.models}  # no model name in OnNodeConfigured
     assert models_file(settings) == "".join(f"{m.name} {m.nodes}\n" for m in settings.models)
     updated = config["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"]
-    assert updated[:-2] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"]
+    assert updated[:-4] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"]
+    # The GPU queue's end lies beside the list (tests/cluster_config/test_capacity_end.py); both digests may change.
+    assert updated[-4:-2] == ["--capacity-end-sha256", capacity_end_digest(settings)]
     assert updated[-2:] == ["--models-sha256", hashlib.sha256(models_file(settings).encode()).hexdigest()]
 
 
