@@ -7,8 +7,8 @@
 #
 #   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--gpus N]
 #                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET] [--data-uri s3://BUCKET]
-#                      [--models-uri s3://BUCKET/cluster/NAME.models [--models-sha256 HEX]]
-#                      [--timeout SECONDS] [MODEL...]
+#                      [--models-uri s3://BUCKET/cluster/NAME.models [--models-sha256 HEX]
+#                      [--capacity-end-sha256 HEX]] [--timeout SECONDS] [MODEL...]
 #
 # --gpus N: the node's queue's GPUs per instance (0 for the CPU queue; compute nodes only). Written
 # to $NODE_HEALTH_ENV (EXPECTED_GPUS=N) for node_health.sh, the Slurm prolog/epilog check: the
@@ -18,7 +18,10 @@
 # where the list of models sharing the cluster lies ("<name> <nodes>" a line, shipped by the cluster stack;
 # a file, because ParallelCluster never lets OnNodeConfigured arguments change on a running cluster).
 # OnNodeUpdated adds the list's SHA-256: a changed list changes the config, so an update re-runs
-# this script, which checks it fetched that very list. Models may also be named as arguments. Per model it creates:
+# this script, which checks it fetched that very list. Beside the list lies the GPU queue's end
+# (NAME.capacity_end, cluster_config/capacity_end.py; its SHA-256 in OnNodeUpdated too): the head node
+# keeps Slurm's maintenance reservation and the end's backups to it (slurm_capacity_end.sh).
+# Models may also be named as arguments. Per model it creates:
 #   $CHECKPOINTS/<model>/                       wide striping (large parallel writes)
 #   $LOGS/<model>/{,tensorboard/}                one stripe (Slurm logs, metrics: many small appends)
 # and, shared by all models, $DATA/{raw,tokenized}/ with wide striping and $LOGS/validation/ with one.
@@ -60,7 +63,7 @@ timed() {
   log "step '$step' took $((SECONDS - start))s"
 }
 usage() {
-  echo "error: bad arguments — usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--gpus N] [--jobs-uri S3URI] [--checkpoint-uri S3URI] [--data-uri S3URI] [--models-uri S3URI [--models-sha256 HEX]] [--timeout SECONDS] [MODEL...]" >&2
+  echo "error: bad arguments — usage: directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--gpus N] [--jobs-uri S3URI] [--checkpoint-uri S3URI] [--data-uri S3URI] [--models-uri S3URI [--models-sha256 HEX] [--capacity-end-sha256 HEX]] [--timeout SECONDS] [MODEL...]" >&2
   exit 2
 }
 
@@ -257,6 +260,30 @@ install_accounts() {
   log "Slurm accounts and QOS set for: ${models[*]}"
 }
 
+install_capacity_end() {
+  # Head node only: the GPU queue's end as a Slurm maintenance reservation, the running jobs' limits
+  # cut to it and each model's backup after it (slurm_capacity_end.sh), from the file the cluster
+  # stack ships beside the model list; without a Capacity Block end that file has no reservation line.
+  local scripts_uri="${1%/jobs/}/node_scripts" uri="${2%.models}.capacity_end" want="$3" listed="$4" user="$5" logs="$6"
+  local slurm_bin="${SLURM_BIN:-/opt/slurm/bin}" file got
+  if [[ ! -x "$slurm_bin/scontrol" ]]; then
+    log "no $slurm_bin/scontrol: the GPU capacity's end is not reserved"
+    return
+  fi
+  install -d -m 0755 "$JOBS_HOME/accounts"
+  aws s3 cp --only-show-errors "$scripts_uri/slurm_capacity_end.sh" "$JOBS_HOME/accounts/slurm_capacity_end.sh"
+  printf '%s\n' "$listed" >"$JOBS_HOME/accounts/models"
+  file="$JOBS_HOME/accounts/capacity_end"
+  aws s3 cp --only-show-errors "$uri" "$file" \
+    || die "cannot read the GPU queue's end $uri; redeploy the cluster stack (it ships the file beside the model list)"
+  got="$(sha256sum "$file" | cut -d' ' -f1)"
+  [[ -z "$want" || "$got" == "$want" ]] \
+    || die "the GPU queue's end at $uri has SHA-256 $got, the cluster config expects $want; redeploy the cluster stack (it uploads the file before it updates the cluster)"
+  PATH="$slurm_bin:$PATH" bash "$JOBS_HOME/accounts/slurm_capacity_end.sh" --jobs-dir "$JOBS_HOME/bundle/jobs" \
+    --logs "$logs" --user "$user" "$file" "$JOBS_HOME/accounts/models" 2>&1 | tee -a "$LOG_FILE" \
+    || die "the GPU capacity's end could not be reserved in Slurm (slurm_capacity_end.sh above); check that slurmctld answers"
+}
+
 make_tree() {
   local data="$1" checkpoints="$2" logs="$3" model
   shift 3
@@ -278,7 +305,7 @@ make_tree() {
 main() {
   local started=$SECONDS
   local data="" checkpoints="" logs="" local_cache="" jobs_uri="" checkpoint_uri="" data_uri="" timeout=600 gpus=""
-  local models_uri="" models_sha256="" name
+  local models_uri="" models_sha256="" capacity_end_sha256="" name
   local models=()
   while (($#)); do
     case "$1" in
@@ -291,6 +318,7 @@ main() {
       --checkpoint-uri) checkpoint_uri="${2:?}"; shift ;;
       --models-uri) models_uri="${2:?}"; shift ;;
       --models-sha256) models_sha256="${2:?}"; shift ;;
+      --capacity-end-sha256) capacity_end_sha256="${2:?}"; shift ;;
       --data-uri) data_uri="${2:?}"; shift ;;
       --timeout) timeout="${2:?}"; shift ;;
       --*) usage ;;
@@ -348,6 +376,7 @@ main() {
     write_cluster_env "$checkpoint_uri" "$data_uri"
     timed "health hooks" install_health_hooks "$jobs_uri"
     [[ -z "$models_uri" ]] || timed "Slurm accounts" install_accounts "$jobs_uri" "$listed" "$OWNER"
+    [[ -z "$models_uri" ]] || timed "GPU capacity end" install_capacity_end "$jobs_uri" "$models_uri" "$capacity_end_sha256" "$listed" "$OWNER" "$logs"
   fi
   timed "jobs venv check" check_jobs_venv
   log "done in $((SECONDS - started))s"
