@@ -3,6 +3,7 @@
 
 import sys
 
+from cluster_config.monitoring import RuleFilesError
 from cluster_config.plan import build_plan, format_plan
 from cluster_config.settings import SettingsError
 from stacks.app import add_stacks, new_app, settings_for
@@ -16,7 +17,11 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_plan(build_plan(settings)), file=sys.stderr)  # what this environment plans, at every synth
-    add_stacks(app, settings)
+    try:
+        add_stacks(app, settings)
+    except RuleFilesError as exc:  # monitoring/rules/*.yml, deployed by the alerts stack
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     app.synth()
     return 0
 

@@ -92,6 +92,7 @@ class ClusterResources:
     assets_bucket: str
     backup_bucket: str
     data_upload_policy_arn: str  # the managed policy of data_upload_policy(), attached to the head node
+    monitoring_policy_arn: str  # the head node's metric agent: remote write, EC2 discovery (stacks/alerts_stack.py)
     placement_group_name: Optional[str] = None
     partition: str = "aws"
     database: Optional[SlurmDatabase] = None
@@ -116,6 +117,7 @@ class ClusterResources:
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
             backup_bucket=f"{settings.cluster_name}-backups-{settings.account}",
             data_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-data-upload",
+            monitoring_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-monitoring",
             placement_group_name=placement_group,
             database=SlurmDatabase(
                 uri=f"{settings.cluster_name}-accounting.c0abcdefghij.{settings.region}.rds.amazonaws.com:3306",
@@ -212,7 +214,9 @@ def _head_node(settings: Settings, resources: ClusterResources) -> dict[str, Any
         "Imds": {"Secured": True},  # instance credentials for root and the cluster's daemons only
         "Iam": {
             # Users upload raw text and datasets from here (data_upload_policy): write, never delete.
-            "AdditionalIamPolicies": [_ssm_policy(resources), {"Policy": resources.data_upload_policy_arn}],
+            # Its Prometheus agent writes metrics to the environment's workspace (docs/monitoring.md).
+            "AdditionalIamPolicies": [_ssm_policy(resources), {"Policy": resources.data_upload_policy_arn},
+                                      {"Policy": resources.monitoring_policy_arn}],
             "S3Access": [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}],
         },
         "CustomActions": {

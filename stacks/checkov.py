@@ -32,9 +32,10 @@ ACCEPTED: dict[str, tuple[tuple[str, ...], str]] = {
     "CKV_AWS_117": (CDK_PROVIDER_LAMBDAS, f"{CDK_LAMBDA_REASON}: it calls only S3 and EC2 APIs, no VPC resource."),
     "CKV_AWS_173": (("CustomCDKBucketDeployment",),
                     "The bucket deployment's environment holds no secret (only CDK's settings); the default key encrypts it."),
-    "CKV_AWS_158": (("FlowLogGroup", "CustomCDKBucketDeployment"),
-                    "CloudWatch Logs encrypts log groups at rest by default; flow logs and the deployment log hold "
-                    "addresses, ports and object keys, no secrets, so a customer-managed key adds cost and key policy only."),
+    "CKV_AWS_158": (("FlowLogGroup", "CustomCDKBucketDeployment", "WorkspaceLogGroup"),
+                    "CloudWatch Logs encrypts log groups at rest by default; flow logs, the deployment log and the "
+                    "Prometheus workspace's alert manager and ruler log hold addresses, ports, object keys, rule names "
+                    "and delivery errors, no secrets, so a customer-managed key adds cost and key policy only."),
     "CKV_AWS_18": (("AccessLogBucket",), "It is the server-access-log destination of the other buckets; logging it would log into itself."),
     # The Slurm accounting database (stacks/database_stack.py).
     "CKV_AWS_149": (("Password",),

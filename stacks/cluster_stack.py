@@ -30,8 +30,10 @@ from cluster_config.render import (
 )
 from cluster_config.capacity_end import capacity_end_file, capacity_end_key
 from cluster_config.model_jobs import job_files
+from cluster_config.monitoring import monitoring_file, monitoring_key
 from cluster_config.settings import Settings
 from stacks import nag
+from stacks.alerts_stack import AlertsStack
 from stacks.database_stack import DatabaseStack
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
@@ -57,6 +59,7 @@ class ClusterStack(cdk.Stack):
         network: NetworkStack,
         storage: StorageStack,
         database: DatabaseStack,
+        alerts: AlertsStack,
         env: cdk.Environment,
         **kwargs,
     ) -> None:
@@ -83,6 +86,7 @@ class ClusterStack(cdk.Stack):
             assets_bucket=storage.assets_bucket.bucket_name,
             backup_bucket=storage.backup_bucket.bucket_name,
             data_upload_policy_arn=self.data_upload_policy.managed_policy_arn,
+            monitoring_policy_arn=alerts.head_node_policy.managed_policy_arn,
             placement_group_name=network.placement_group.ref if network.placement_group else None,
             partition=cdk.Aws.PARTITION,
             database=SlurmDatabase(uri=database.uri, user_name=database.instance_user, password_secret_arn=database.secret.secret_arn),
@@ -116,12 +120,17 @@ class ClusterStack(cdk.Stack):
             self,
             "ClusterConfig",
             # yaml_data resolves the tokens at deploy: the object holds the real subnet, group and FSx ids.
-            # The model list the node scripts read goes with it (see render.models_key).
+            # The model list the node scripts read goes with it (see render.models_key), and the metric
+            # agents' settings with the workspace's remote-write URL (cluster_config/monitoring.py).
             sources=[
                 s3deploy.Source.yaml_data(config_key(settings).removeprefix(CONFIG_PREFIX), self.config),
                 s3deploy.Source.data(models_key(settings).removeprefix(CONFIG_PREFIX), models_file(settings)),
                 # The GPU queue's end, for the head node's maintenance reservation (cluster_config/capacity_end.py).
                 s3deploy.Source.data(capacity_end_key(settings).removeprefix(CONFIG_PREFIX), capacity_end_file(settings)),
+                s3deploy.Source.data(
+                    monitoring_key(settings).removeprefix(CONFIG_PREFIX),
+                    monitoring_file(settings, remote_write_url=alerts.remote_write_url, region=settings.region),
+                ),
             ],
             destination_bucket=bucket,
             destination_key_prefix=CONFIG_PREFIX,

@@ -104,6 +104,17 @@ def acknowledge_data_upload_policy(policy: Construct) -> None:
     )))
 
 
+def acknowledge_monitoring_policy(policy: Construct) -> None:
+    """The head node's metric agent policy (cluster_config.monitoring.head_node_policy)."""
+    acknowledge(
+        policy,
+        "AwsSolutions::AwsSolutions-IAM5[Resource::*]",
+        "Prometheus' EC2 service discovery lists the compute nodes with ec2:DescribeInstances, which has no "
+        "resource-level permissions (Service Authorization Reference); the policy's other action, remote write, "
+        "names the workspace.",
+    )
+
+
 @jsii.implements(IValidation)
 class _AcknowledgeObjectWildcards:
     """Acknowledge CDK's s3 action families and ``<bucket>/*`` resources in one policy, nothing else."""

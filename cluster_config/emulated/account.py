@@ -6,7 +6,8 @@
   S3 and FSx APIs (moto has no AWS::FSx CloudFormation type), the file systems with the storage
   template's own properties, their imports resolved against the deployed network stack;
 - the accounting database's password secret is created through the Secrets Manager API;
-- the head node's upload policy on the data bucket through the IAM API (ParallelCluster checks it exists);
+- the head node's upload policy on the data bucket and its metric agent's policy (stacks/alerts_stack.py)
+  through the IAM API (ParallelCluster checks they exist);
 - the cluster config is rendered by ``cluster_config.render`` with the ids the emulated deploy returned.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import boto3
 
+from cluster_config.monitoring import head_node_policy
 from cluster_config.render import (
     NODE_SCRIPTS_PREFIX,
     PCLUSTER_POLICY_PATH,
@@ -86,16 +88,21 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
     secret = client("secretsmanager").create_secret(Name=f"{settings.cluster_name}-slurmdbd", SecretString="emulated")
     database = replace(placeholders.database, password_secret_arn=secret["ARN"])
 
-    # The head node's AdditionalIamPolicies entry, which ParallelCluster's AdditionalIamPolicyValidator looks up.
+    # The head node's AdditionalIamPolicies entries, which ParallelCluster's AdditionalIamPolicyValidator looks up.
     data_upload = client("iam").create_policy(
         PolicyName=f"{settings.cluster_name}-data-upload", Path=PCLUSTER_POLICY_PATH,
         PolicyDocument=json.dumps(data_upload_policy(f"arn:aws:s3:::{placeholders.data_bucket}")),
+    )["Policy"]["Arn"]
+    monitoring = client("iam").create_policy(
+        PolicyName=f"{settings.cluster_name}-monitoring", Path=PCLUSTER_POLICY_PATH,
+        PolicyDocument=json.dumps(head_node_policy(f"arn:aws:aps:{settings.region}:{settings.account}:workspace/ws-emulated")),
     )["Policy"]["Arn"]
 
     resources = replace(
         placeholders,
         database=database,
         data_upload_policy_arn=data_upload,
+        monitoring_policy_arn=monitoring,
         head_node_subnet_id=net(network.head_node_subnet.subnet_id),
         compute_subnet_id=net(network.compute_subnet.subnet_id),
         head_node_security_group_id=net(network.head_node_sg.security_group_id),

@@ -34,7 +34,7 @@ def marker_sources(synth) -> list[tuple[str, str]]:
     found = []
     for marker in markers:
         for value in marker.values():
-            for part in value["Fn::Join"][1]:
+            for part in value["Fn::Join"][1] if "Fn::Join" in value else [value]:
                 if isinstance(part, dict) and "Fn::ImportValue" in part:
                     found.append(producer(synth, part))
     return found

@@ -187,9 +187,11 @@ def test_head_node_may_upload_to_the_data_bucket_but_not_delete():
     resources = ClusterResources.placeholders(settings)
     iam = render_cluster_config(settings, resources)["HeadNode"]["Iam"]
     assert iam["AdditionalIamPolicies"] == [
-        {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}, {"Policy": resources.data_upload_policy_arn}]
+        {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}, {"Policy": resources.data_upload_policy_arn},
+        {"Policy": resources.monitoring_policy_arn}]  # the metric agent's (stacks/alerts_stack.py)
     # Attachable by ParallelCluster's least-privilege users: policy/parallelcluster/* only.
-    assert resources.data_upload_policy_arn.startswith(f"arn:aws:iam::{settings.account}:policy/parallelcluster/")
+    for arn in (resources.data_upload_policy_arn, resources.monitoring_policy_arn):
+        assert arn.startswith(f"arn:aws:iam::{settings.account}:policy/parallelcluster/")
     # Through the policy, not S3Access: ParallelCluster grants a writable S3Access bucket as s3:*.
     assert iam["S3Access"] == [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}]
     bucket_arn = f"arn:aws:s3:::{resources.data_bucket}"
