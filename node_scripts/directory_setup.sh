@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ParallelCluster OnNodeConfigured on every node (and OnNodeUpdated on the head node): check the
 # shared storage, lay out the per-model folders, install the jobs' interpreter where it is missing,
-# on the head node install the jobs bundle and the jobs' Python environment, and on every node check
-# that this environment starts there. Idempotent; every run appends to one log, with the seconds
-# each step took (the head node's whole bootstrap must fit HeadNodeBootstrapTimeout).
+# on the head node install the jobs bundle and the jobs' Python environment, on every node the metric
+# agents (monitoring_agents.sh), and check that the jobs' environment starts there. Idempotent; every
+# run appends to one log, with the seconds each step took (the head node's whole bootstrap must fit
+# HeadNodeBootstrapTimeout).
 #
 #   directory_setup.sh --data DIR --checkpoints DIR --logs DIR [--local-cache DIR] [--gpus N]
 #                      [--jobs-uri s3://BUCKET/jobs/] [--checkpoint-uri s3://BUCKET] [--data-uri s3://BUCKET]
@@ -260,6 +261,33 @@ install_accounts() {
   log "Slurm accounts and QOS set for: ${models[*]}"
 }
 
+install_monitoring() {
+  # Every node: the metric agents (monitoring_agents.sh, beside this script in the assets bucket), with
+  # the settings the cluster stack ships next to the model list. The local cluster ships none (it runs
+  # its own Prometheus beside its Slurm): nothing is installed then. A compute node whose agents fail
+  # still serves jobs: its scrape target shows down; the head node, which alone delivers every alert, fails.
+  local scripts_uri="${1%/jobs/}/node_scripts" settings_uri="${2%.models}.monitoring" gpus="$3" dir args
+  shift 3
+  dir="$(mktemp -d)"
+  if ! aws s3 cp --only-show-errors "$settings_uri" "$dir/monitoring.env" 2>/dev/null; then
+    rm -rf "$dir"
+    log "no metric agents' settings at $settings_uri (the cluster stack ships them, the local cluster none): agents not installed"
+    return
+  fi
+  aws s3 cp --only-show-errors "$scripts_uri/monitoring_agents.sh" "$dir/monitoring_agents.sh"
+  args=(--node-type "$NODE_TYPE" --settings "$dir/monitoring.env" --gpus "$gpus")
+  [[ "$NODE_TYPE" != HeadNode ]] || args+=(--user "$OWNER" --data "$1" --checkpoints "$2" --logs "$3")
+  if bash "$dir/monitoring_agents.sh" "${args[@]}"; then
+    log "metric agents running (see $LOG_DIR/llm-monitoring-agents.log)"
+  elif [[ "$NODE_TYPE" == HeadNode ]]; then
+    rm -rf "$dir"
+    die "the metric agents failed to install (see $LOG_DIR/llm-monitoring-agents.log): no alert would reach anyone"
+  else
+    log "WARNING: the metric agents failed to install (see $LOG_DIR/llm-monitoring-agents.log): this node's metrics are missing"
+  fi
+  rm -rf "$dir"
+}
+
 install_capacity_end() {
   # Head node only: the GPU queue's end as a Slurm maintenance reservation, the running jobs' limits
   # cut to it and each model's backup after it (slurm_capacity_end.sh), from the file the cluster
@@ -377,6 +405,9 @@ main() {
     timed "health hooks" install_health_hooks "$jobs_uri"
     [[ -z "$models_uri" ]] || timed "Slurm accounts" install_accounts "$jobs_uri" "$listed" "$OWNER"
     [[ -z "$models_uri" ]] || timed "GPU capacity end" install_capacity_end "$jobs_uri" "$models_uri" "$capacity_end_sha256" "$listed" "$OWNER" "$logs"
+  fi
+  if [[ -n "$jobs_uri" && -n "$models_uri" ]]; then
+    timed "monitoring agents" install_monitoring "$jobs_uri" "$models_uri" "${gpus:-0}" "$data" "$checkpoints" "$logs"
   fi
   timed "jobs venv check" check_jobs_venv
   log "done in $((SECONDS - started))s"
