@@ -138,7 +138,7 @@ def cluster_file(settings: Settings) -> dict:
         "fsx_expected_mb_s": fsx_expectations(settings),
         # What the head node's exporter publishes beside its metrics (docs/monitoring.md).
         "stall_floor_s": settings.alerts.stall_floor_s,
-        "spare_nodes": 0,  # no spares in the settings yet
+        "spare_nodes": settings.gpu_queue.spare_nodes,  # NodesDownAboveSpares compares with it
         "models": {model.name: {"nodes": model.nodes, "gpus_per_node": queue.gpus_per_instance,
                                 "world_size": model.nodes * queue.gpus_per_instance,
                                 "config": f"models/{model.name}.yaml"}
