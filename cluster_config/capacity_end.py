@@ -41,7 +41,7 @@ from typing import Optional
 
 from cluster_config.model_jobs import USR1_LEAD_S
 from cluster_config.plan import build_plan
-from cluster_config.settings import CAPACITY_BLOCK_END_NOTICE, Settings, SettingsError
+from cluster_config.settings import CAPACITY_BLOCK_END_NOTICE, CONFIG_PREFIX, Settings, SettingsError
 from cluster_config.slurm_timeouts import STEP_MARGIN_S, kill_wait_seconds
 
 # Not "pcluster-...": ParallelCluster's clustermgtd deletes reservations of that prefix it did not make
@@ -52,7 +52,6 @@ TIME_LIMIT_CHECK_S = 60
 # The shortest run worth a restart, beyond the USR1 lead: this many saves of the model, at least the floor.
 USEFUL_RUN_SAVES = 3
 USEFUL_RUN_FLOOR_S = 600
-CONFIG_PREFIX = "cluster/"  # render.CONFIG_PREFIX: render imports this module
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from typing import Any
 
 import yaml
 
-from cluster_config.render import CONFIG_PREFIX
-from cluster_config.settings import Settings
+from cluster_config.settings import CONFIG_PREFIX, Settings
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "monitoring" / "rules"
 

@@ -46,6 +46,7 @@ from training.throughput import estimate_mfu
 
 from cluster_config.goodput import Goodput, goodput, mean_nodes_down, p_no_spare
 from cluster_config.model_jobs import model_config
+from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
 from cluster_config.settings import GoodputSettings, ModelPlan, Settings, SettingsError
 
 
@@ -167,6 +168,7 @@ class Plan:
     mean_nodes_down: float = 0.0  # nodes being replaced at once, on average
     p_no_spare: float = 1.0  # a failure finds no spare node free
     capacity_end: datetime | None = None  # AWS begins terminating the Capacity Blocks' instances
+    alert_delivery: MonitoringCost | None = None  # what the alerts' path on AWS costs a month
 
     @property
     def nodes(self) -> int:
@@ -276,6 +278,7 @@ def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
         checkpoint_capacity_bytes=ckpt_fs.storage_capacity_gib * GIB, measured=measured,
         assume=settings.goodput, spare_nodes=queue.spare_nodes, mean_nodes_down=down,
         p_no_spare=p_no_spare(down, queue.spare_nodes), capacity_end=queue.capacity_end,
+        alert_delivery=monitoring_cost(settings),
     )
     need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
     largest = max((row.checkpoint_bytes for row in rows), default=0.0)
@@ -519,6 +522,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  checkpoints at peak (keep + 1 in flight, every model): {need / TIB:.2f} TiB of "
                      f"{capacity / TIB:.2f} TiB ({need / capacity:.0%}); save times at "
                      f"{plan.throughput_mb_s['checkpoints']:,.0f} MB/s, one model saving at a time")
+    if plan.alert_delivery:
+        lines.append(f"  {plan.alert_delivery.summary()}")
     lines.append(
         "  FSx throughput MB/s: " + ", ".join(f"{key} {value:,.0f}" for key, value in plan.throughput_mb_s.items()))
     ratio = plan.data_throughput_mb_s / plan.data_demand_mb_s if plan.data_demand_mb_s else float("inf")

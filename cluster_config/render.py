@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from cluster_config.capacity_end import capacity_end_digest
-from cluster_config.settings import Settings
+from cluster_config.settings import CONFIG_PREFIX, Settings
 from cluster_config.slurm_timeouts import custom_slurm_settings
 
 PCLUSTER_VERSION = "3.16.1"  # the schema we validate against and the custom resource we deploy
@@ -27,7 +27,6 @@ OS = "alinux2023"
 # Where the stack puts things in the assets bucket; node scripts and docs use the same keys.
 NODE_SCRIPTS_PREFIX = "node_scripts/"
 JOBS_PREFIX = "jobs/"
-CONFIG_PREFIX = "cluster/"
 NODE_SETUP_SCRIPT = "node_setup.sh"  # OnNodeStart
 DIRECTORY_SETUP_SCRIPT = "directory_setup.sh"  # OnNodeConfigured (and OnNodeUpdated on the head node)
 # The model list travels as a file next to the config, not as script arguments: ParallelCluster

@@ -25,6 +25,11 @@ CONFIG_DIR = Path(__file__).resolve().parent
 FSX_THROUGHPUTS = {"PERSISTENT_2": (125, 250, 500, 1000), "PERSISTENT_1": (50, 100, 200)}
 
 
+# Where the cluster's generated files (config, model list, agents' and capacity-end settings) lie in
+# the assets bucket; the head node reads them from there.
+CONFIG_PREFIX = "cluster/"
+
+
 class SettingsError(ValueError):
     """A settings file is missing or invalid; the message says where and how to fix it."""
 
