@@ -7,7 +7,10 @@
 #   4. data pipeline: sample corpus -> tokenize job array -> validate -> loader speed   (jobs/data_pipeline/demo.sh)
 #   5. training: dev's two models side by side on their Slurm shares (preflight, QOS), model1 interrupted
 #      by the time-limit signal, requeued, resumed; loss curves; node-hours per model
-#   6. storage checks: FSx performance job and input-pipeline diagnosis
+#   6. alerts: a crash-looping and a stalled training job, told through Prometheus, Alertmanager and the
+#      webhook that stands in for SNS, and cleared when each recovers
+#   7. storage checks: FSx performance job and input-pipeline diagnosis
+#   8. the day-one acceptance run, rehearsed on CPUs
 # Stops at the first failing step. The local cluster stays up afterwards (`make cluster-down`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,25 +23,31 @@ FSX_HOST="$REPO/.local_cluster/fsx"     # what the nodes see as /fsx
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/7 Synthesize every environment (cdk synth, cdk-nag, cfn-lint)"
+step "1/8 Synthesize every environment (cdk synth, cdk-nag, cfn-lint)"
 scripts/synth_all.sh
 
-step "2/7 ParallelCluster: schema, emulated deploy, its validators and update checks, checkov"
+step "2/8 ParallelCluster: schema, emulated deploy, its validators and update checks, checkov"
 python -m cluster_config validate --all   # (synth above printed each environment's plan)
 
-step "3/7 Local Slurm cluster (3 nodes booted through dev's custom actions, accounting): smoke test and collective benchmark"
+step "3/8 Local Slurm cluster (3 nodes booted through dev's custom actions, accounting): smoke test and collective benchmark"
 local_cluster/demo.sh --max-bytes 4M
 
-step "4/7 Data pipeline: tokenize job array on the cpu partition"
+step "4/8 Data pipeline: tokenize job array on the cpu partition"
 DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
 
-step "5/7 Training: dev's model1 (2 nodes) and model2 (1 node) on their shares; interrupt, requeue, resume"
+step "5/8 Training: dev's model1 (2 nodes) and model2 (1 node) on their shares; interrupt, requeue, resume"
 python -m local_cluster.training_demo --fsx "$FSX_HOST"
 # One view of every model of the environment: Slurm state, losses, checkpoint, backup, cost so far.
 python -m training.status --env dev --logs "$FSX_HOST/logs" --checkpoints "$FSX_HOST/checkpoints" \
   --png "$FSX_HOST/logs/status.png"
 
-step "6/7 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
+step "6/8 Alerts: model1 crash-looping, model2 stalled; the webhook's lines as they arrive, until each clears"
+# The repository's rules (monitoring/rules/) in the cluster's Prometheus; Alertmanager sends every alert to the
+# webhook that stands in for SNS (.local_cluster/log/alerts.log). About two minutes: the crash loop needs two
+# failures and the rule's minute.
+python -m local_cluster.alert_drills
+
+step "7/8 Storage checks: FSx performance (fio here) and input-pipeline diagnosis"
 # Small sizes for a laptop-sized machine (the real defaults are sized for Lustre), compared with
 # what dev provisions. A mount measured below it (exit 1, BELOW) is a finding here, not a failure;
 # a failed measurement or a missing mount is.
@@ -56,7 +65,7 @@ sbatch --wait --exclusive=user jobs/input_diagnosis.sh --steps 6 --batches 50 >/
 diag_log=$(ls -t "$FSX_HOST"/logs/validation/input-diagnosis_*.out | sed -n 1p)
 sed -n '/loader alone/,$p' "$diag_log"
 
-step "7/7 Day-one acceptance run, rehearsed on CPUs (docs/acceptance.md): 2 gpu-queue nodes + 1 cpu-queue node"
+step "8/8 Day-one acceptance run, rehearsed on CPUs (docs/acceptance.md): 2 gpu-queue nodes + 1 cpu-queue node"
 # The production recipes at tiny widths; the checks that need a GPU say so ("not measured: no GPU").
 acceptance_job=$(HEALTH_CONF="$PWD/.local_cluster/opt/slurm/etc/llm/health.conf" \
   ACCEPTANCE_RECIPES="jobs/training/configs/llama2-7b.yaml jobs/training/configs/llama2-70b.yaml" \
@@ -73,5 +82,6 @@ cluster configs:    python -m cluster_config render --env <env>
 job logs and plots: $FSX_HOST/logs/  (validation/, acceptance/, model1/loss.png, status.png)
 shards:             $FSX_HOST/data/demo/tokenized
 checkpoints:        $FSX_HOST/checkpoints/model1
+alerts:             .local_cluster/log/alerts.log (webhook), http://127.0.0.1:19090/alerts (Prometheus)
 the local cluster is still up: sinfo, squeue; make cluster-down to stop it
 EOF
