@@ -105,10 +105,14 @@ install_packages() {
 # --- small helpers ----------------------------------------------------------------------------
 # The pid in FILE if that process is alive and runs the program NAME.
 live_pid() {
-  local file=$1 name=$2 pid
+  local file=$1 name=$2 pid stat
   [[ -s $file ]] || return 1
   pid=$(<"$file")
   [[ $pid =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name" ]] || return 1
+  # Not a zombie: a killed daemon that is not reaped yet must be started again (reboot, up).
+  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} != Z ]] || return 1
   echo "$pid"
 }
 
