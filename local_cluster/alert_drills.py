@@ -317,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: Prometheus does not answer at {PROMETHEUS} ({exc}) — start the cluster with "
               "local_cluster/cluster.sh up", file=sys.stderr)
         return 2
+    try:  # the drills pin the models to their nodes: another job there would hold them up
+        wait_for("cluster to itself: no job, no reservation", lambda: None if slurm_activity() else True, 120)
+    except TimeoutError as exc:
+        print(f"problem: {exc}", file=sys.stderr)
+        return 1
     demo_data.build(FSX / "data/tokenized-sample")
     failures: list[BaseException] = []
     stop = threading.Event()
