@@ -34,16 +34,22 @@ LOCAL_GPUS=0
 # A hung action fails its node, as ParallelCluster's bootstrap timeout does (there 35 min or more).
 ACTION_TIMEOUT="${LOCAL_CLUSTER_ACTION_TIMEOUT:-300}"
 SELF="$REPO/local_cluster/cluster.sh"
+BOOT_ENV="${LOCAL_CLUSTER_ENV:-dev}"  # whose rendered config the nodes boot with
+# Its model jobs go into the checkout's jobs/ for the default cluster only: a named one keeps its own.
+MODEL_JOBS="$REPO/jobs"
+[[ -z ${NAME:-} ]] || MODEL_JOBS="$BASE/jobs"
 
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 
-# Render dev's config, fill the stand-in assets bucket and jobs/ (local_cluster/boot_plan.py).
+# Render the config (dev's unless LOCAL_CLUSTER_ENV), fill the stand-in assets bucket and jobs/
+# (local_cluster/boot_plan.py).
 make_plan() {
   local python="$REPO/.venv/bin/python"
   [[ -x $python ]] || die "no $python: run make deps (the nodes' jobs interpreter and packages come from .venv)"
   mkdir -p "$BOOT" "$S3_DIR" "$NODE_LOCAL" "$JOBS_HOME_DIR" "$SLURM_ETC_DIR"
-  if ! (cd "$REPO" && "$python" -m local_cluster.boot_plan --env dev --s3 "$S3_DIR" --out "$PLAN") >"$LOGS/boot-plan.log" 2>&1; then
-    die "cannot render dev's cluster config for the nodes' custom actions: $(tail -n 1 "$LOGS/boot-plan.log")"
+  if ! (cd "$REPO" && "$python" -m local_cluster.boot_plan --env "$BOOT_ENV" --s3 "$S3_DIR" --out "$PLAN" \
+    --jobs "$MODEL_JOBS") >"$LOGS/boot-plan.log" 2>&1; then
+    die "cannot render $BOOT_ENV's cluster config for the nodes' custom actions: $(tail -n 1 "$LOGS/boot-plan.log")"
   fi
 }
 
@@ -71,6 +77,7 @@ SLURM_BIN=/usr/bin
 LOCAL_S3_ROOT=$S3_DIR
 LOCAL_DNF_ROOT=$NODE_LOCAL
 LOCAL_DNF_PYTHON=$(readlink -f "$python")
+SLURM_CONF=$SLURM_CONF
 LOCAL_CLUSTER_WITHHOLD_PYTHON=${LOCAL_CLUSTER_WITHHOLD_PYTHON:-}
 EOF
 }
@@ -227,7 +234,7 @@ boot_nodes() {
 # What each node's custom actions did (their logs: .local_cluster/log/boot-<node>.log).
 print_boot_table() {
   local node type event rc secs script args
-  log "custom actions of dev's cluster config ($PLAN/cluster.yaml), as each node ran them:"
+  log "custom actions of $BOOT_ENV's cluster config ($PLAN/cluster.yaml), as each node ran them:"
   printf '  %-6s %-12s %-16s %4s %6s  %s\n' node type action exit secs "script args"
   for node in "$@"; do
     [[ -f $BOOT/$node.results ]] || continue
