@@ -309,7 +309,7 @@ class Exporter:
                     (j.account, j.qos, j.state, j.reason) for j in jobs).items()):
                 samples.add("llm_slurm_jobs", count, account=account, qos=qos, state=state, reason=reason)
         for job_id, name, count in self._try("scontrol show job", slurm.restarts, self.timeout) or ():
-            samples.add("llm_slurm_job_restarts", count, name=name, job=job_id)
+            samples.add("llm_slurm_job_restarts", count, name=name, job_id=job_id)
         return jobs
 
     def _config(self, name: str) -> dict | None:

@@ -359,9 +359,9 @@ def test_slurm_nodes_jobs_and_restarts(scraped):
     assert value(samples, "llm_slurm_jobs", account="ops", qos="ops", state="PENDING", reason="Resources") == 2
     assert value(samples, "llm_slurm_jobs", account="model4", qos="model4", state="PENDING", reason="BeginTime") == 1
     assert value(samples, "llm_slurm_jobs", account="model1", qos="model1", state="RUNNING", reason="None") == 1
-    assert value(samples, "llm_slurm_job_restarts", name="model4", job="110") == 3
-    assert value(samples, "llm_slurm_job_restarts", name="model3", job="103") == 2  # finished, still known
-    assert value(samples, "llm_slurm_job_restarts", name="backup-model5 (final)", job="113") == 0
+    assert value(samples, "llm_slurm_job_restarts", name="model4", job_id="110") == 3
+    assert value(samples, "llm_slurm_job_restarts", name="model3", job_id="103") == 2  # finished, still known
+    assert value(samples, "llm_slurm_job_restarts", name="backup-model5 (final)", job_id="113") == 0
     assert value(samples, "llm_exporter_last_run_timestamp_seconds") >= NOW
 
 
