@@ -6,7 +6,7 @@ set -euo pipefail
 # prometheus (+ promtool), prometheus-alertmanager (+ amtool), prometheus-node-exporter: the alert rules'
 # unit tests and the local cluster's monitoring (docs/monitoring.md).
 packages=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 procps fio
-  prometheus prometheus-alertmanager prometheus-node-exporter)
+  prometheus prometheus-alertmanager prometheus-node-exporter curl)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$package")
