@@ -13,10 +13,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 OUR_LINKS = ("lcbr0", "lcveth1", "lcveth2", "lcveth3")
 OUR_STATE = f"{Path(__file__).resolve().parents[2]}/.local_cluster/"  # munged of this checkout's cluster
 OUR_NETNS = ("lc-node1", "lc-node2", "lc-node3")
+# The monitoring beside Slurm (local_cluster/monitoring.sh): each names our state folder or listens on
+# the cluster's network (the nodes' exporters).
+OUR_DAEMONS = ("munged", "mariadbd", "prometheus", "prometheus-aler", "prometheus-node", "python")
+OUR_MONITORING_ADDRESS = "10.199.77."
 
 
 def daemons() -> list[str]:
-    """'comm pid' of every Slurm daemon and of the munged and MariaDB serving the cluster."""
+    """'comm pid' of every Slurm daemon, and of the munged, MariaDB and monitoring daemons serving the cluster."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -26,7 +30,8 @@ def daemons() -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if comm in ("slurmctld", "slurmd", "slurmdbd") or (comm in ("munged", "mariadbd") and OUR_STATE in cmdline):
+        ours = OUR_STATE in cmdline or OUR_MONITORING_ADDRESS in cmdline
+        if comm in ("slurmctld", "slurmd", "slurmdbd") or (comm in OUR_DAEMONS and ours):
             found.append(f"{comm} {proc.name}")
     return found
 
