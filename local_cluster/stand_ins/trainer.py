@@ -1,0 +1,339 @@
+"""A torch-free stand-in for ``training.train``, for the goodput simulation on the local cluster.
+
+    TRAIN_LAUNCHER="python local_cluster/stand_ins/trainer.py" SIM_STEP_S=23.5 SIM_SAVE_S=118 \\
+        SIM_TIME_SCALE=2000 sbatch --gpus-per-node=0 jobs/train_model7.sh
+
+``jobs/train.sh`` runs it in its srun step instead of torchrun + ``training.train`` (one task per node),
+with the trainer's own arguments (``--config FILE``, ``section.key=value``). It keeps what a failure and
+a restart see of the trainer, in compressed time (``SIM_TIME_SCALE`` simulated seconds per second):
+
+- rank 0 resumes from the checkpoint ``latest`` names, reading it for ``SIM_LOAD_S`` (default
+  ``SIM_SAVE_S``); runs each step in ``SIM_STEP_S``, paced against the clock so that late wake-ups do
+  not add up; saves every ``checkpoint.every`` steps (and after ``checkpoint.every_minutes`` simulated
+  minutes) in the background: the checkpoint commits ``SIM_SAVE_S`` later and training goes on
+  meanwhile, one save in flight at most; the final save waits. Checkpoint rules as in
+  ``training/checkpoint.py``: ``step_<8 digits>/``, complete once ``.metadata`` and ``train_meta.json``
+  exist, ``latest`` replaced last, ``checkpoint.keep`` complete ones kept, older unfinished ones removed;
+- ``metrics.jsonl`` gets the trainer's lines: events ``start``, ``complete``, ``stopped``, and every
+  ``log.interval`` steps a line with step, loss, step time ... and ``time``; ``STATUS`` is written at
+  the end, as the trainer writes it;
+- the ranks are coupled as a collective couples them: every other rank holds a TCP connection to rank
+  0 (on the first node). A rank whose node fails dies with it and its connection closes: the others
+  fail at once (exit 1) and nothing is saved, as NCCL fails a collective with a dead peer (here without
+  its timeout). SIGUSR1/SIGTERM make rank 0 check at the next step that every rank is still there, save,
+  write STATUS stopped and release the others (exit 0).
+
+Times in the files are wall-clock seconds, as the real trainer's are; the simulation converts them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+LATEST, META, STATUS = "latest", "train_meta.json", "STATUS"
+STEP_DIR = re.compile(r"step_(\d{8})")
+PING, ACK, RELEASE = b"p", b"k", b"s"
+
+
+class PeerLost(RuntimeError):
+    """A rank's connection closed: its node failed (the collective a real trainer is in fails)."""
+
+
+def env_float(name: str, default: float | None = None) -> float:
+    value = os.environ.get(name)
+    if value is None and default is not None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value or ''} is not a number — the goodput simulation sets it "
+                         "when it submits the job (local_cluster/simulation/run.py)") from None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: ``node[3-5,9]`` -> ``node3``."""
+    match = re.match(r"([^\[,]+)(?:\[(\d+))?", nodelist)
+    if not match:
+        raise SystemExit(f"error: cannot read the node list {nodelist!r}")
+    return match.group(1) + (match.group(2) or "")
+
+
+class Clock:
+    """Simulated seconds to wall-clock seconds."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def wall(self, simulated_s: float) -> float:
+        return simulated_s / self.scale
+
+
+# --- the other ranks ------------------------------------------------------------------------------
+def follower(rank: int, address: tuple[str, int], timeout_s: float) -> int:
+    """Connect to rank 0, answer its checks, leave when it releases us (0) or is gone (1).
+
+    A stop signal before the rendezvous ends the rank (torchrun's agent stops its workers); after it,
+    rank 0 decides at a step boundary, as the trainer's ranks vote."""
+    stopped: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, _: stopped.append(signum))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = socket.create_connection(address, timeout=2)
+            break
+        except OSError:
+            if stopped or time.monotonic() > deadline:
+                print(f"rank {rank}: no rendezvous with {address[0]}:{address[1]}", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+    conn.settimeout(None)
+    conn.sendall(struct.pack("!I", rank))
+    while True:
+        try:
+            message = conn.recv(1)
+        except InterruptedError:
+            continue
+        except OSError:
+            message = b""
+        if message == PING:
+            conn.sendall(ACK)
+        elif message == RELEASE:
+            return 0
+        else:
+            print(f"rank {rank}: rank 0 is gone (its node failed): leaving as a failed collective does",
+                  file=sys.stderr)
+            return 1
+
+
+# --- rank 0 ---------------------------------------------------------------------------------------
+class Peers:
+    """Rank 0's connections to the other ranks."""
+
+    def __init__(self, world: int, port: int, timeout_s: float):
+        self.conns: list[socket.socket] = []
+        if world == 1:
+            return
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", port))
+        server.listen(world)
+        server.settimeout(timeout_s)
+        try:
+            for _ in range(world - 1):
+                conn, _ = server.accept()
+                conn.settimeout(timeout_s)
+                conn.recv(4)
+                conn.settimeout(None)
+                self.conns.append(conn)
+        except (TimeoutError, OSError) as exc:
+            raise PeerLost(f"rendezvous: {len(self.conns) + 1} of {world} ranks after {timeout_s:g} s ({exc})") from None
+        finally:
+            server.close()
+
+    def sleep_until(self, wall_time: float) -> None:
+        """Sleep until ``wall_time``; raise PeerLost as soon as a rank's connection closes."""
+        while (left := wall_time - time.time()) > 0:
+            if not self.conns:
+                time.sleep(left)
+                return
+            try:
+                readable, _, _ = select.select(self.conns, [], [], left)
+            except InterruptedError:
+                continue
+            if readable:  # a follower never speaks first: this is its connection closing
+                raise PeerLost("a rank's connection closed (its node failed)")
+
+    def check(self) -> None:
+        """Every rank answers: the agreement a save or a stop needs."""
+        try:
+            for conn in self.conns:
+                conn.sendall(PING)
+            for conn in self.conns:
+                conn.settimeout(10)
+                if conn.recv(1) != ACK:
+                    raise PeerLost("a rank did not answer (its node failed)")
+                conn.settimeout(None)
+        except OSError as exc:
+            raise PeerLost(f"a rank did not answer ({exc})") from None
+
+    def release(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.sendall(RELEASE)
+            except OSError:
+                pass
+
+
+class Checkpoints:
+    """training/checkpoint.py's layout and rules, with nothing in the folders but the markers."""
+
+    def __init__(self, directory: Path, keep: int, world: int):
+        self.dir, self.keep, self.world = directory, keep, world
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def step_dir(self, step: int) -> Path:
+        return self.dir / f"step_{step:08d}"
+
+    def steps(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := STEP_DIR.fullmatch(p.name)))
+
+    def is_complete(self, step: int) -> bool:
+        path = self.step_dir(step)
+        return (path / ".metadata").is_file() and (path / META).is_file()
+
+    def latest_step(self) -> int:
+        try:
+            m = STEP_DIR.fullmatch((self.dir / LATEST).read_text().strip())
+        except OSError:
+            return -1
+        return int(m.group(1)) if m else -1
+
+    def newest_loadable(self) -> int:
+        """The step to resume from (0: none); folders newer than ``latest`` are unfinished saves."""
+        latest = self.latest_step()
+        for step in reversed([s for s in self.steps() if s <= latest]):
+            if self.is_complete(step):
+                return step
+        return 0
+
+    def begin(self, step: int) -> None:
+        self.step_dir(step).mkdir(exist_ok=True)  # the shards being written
+
+    def commit(self, step: int) -> None:
+        from atomic_file import write_atomic  # the bundle's: jobs/ is on PYTHONPATH in the job
+
+        path = self.step_dir(step)
+        (path / ".metadata").write_text("stand-in\n")
+        write_atomic(path / META, json.dumps({"step": step, "world_size": self.world}))
+        write_atomic(self.dir / LATEST, path.name + "\n")
+        older = [s for s in self.steps() if s < step]
+        complete = [s for s in older if self.is_complete(s)]
+        doomed = complete[: max(len(complete) - (self.keep - 1), 0)] + [s for s in older if not self.is_complete(s)]
+        for old in doomed:
+            for child in self.step_dir(old).iterdir():
+                child.unlink()
+            self.step_dir(old).rmdir()
+
+
+def loss_at(step: int) -> float:
+    """A plausible, deterministic loss curve: a resumed run logs what the interrupted one would have."""
+    return round(2.0 + 8.0 / math.sqrt(1 + step / 50), 6)
+
+
+def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: float, load_s: float) -> int:
+    stop: list[str] = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, _: stop.append(signal.Signals(signum).name))
+    Path(cfg.log.dir).mkdir(parents=True, exist_ok=True)
+    metrics = open(Path(cfg.log.dir) / "metrics.jsonl", "a")
+
+    def write(record: dict) -> None:
+        metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+        metrics.flush()
+
+    peers = Peers(world, port, float(cfg.train.init_timeout_s))
+    ckpt = Checkpoints(Path(cfg.checkpoint.dir), cfg.checkpoint.keep, world)
+    step = ckpt.newest_loadable()
+    if step:
+        peers.sleep_until(time.time() + clock.wall(load_s))  # every rank reads its part
+    every, every_s = cfg.checkpoint.every, 60 * cfg.checkpoint.every_minutes
+    tokens = cfg.train.global_batch_size * cfg.data.seq_len
+    write({"event": "start", "step": step, "world_size": world, "resumed": step > 0})
+    step_wall, save_wall = clock.wall(step_s), clock.wall(save_s)
+    pending: tuple[int, float] | None = None  # the save in flight: (step, when it commits)
+    last_save = interval_start = next_end = time.time()
+    interval_steps = 0
+    stopping = False
+    while step < cfg.train.steps and not stopping:
+        next_end += step_wall
+        peers.sleep_until(next_end)
+        step += 1
+        interval_steps += 1
+        if pending and time.time() >= pending[1]:
+            ckpt.commit(pending[0])
+            pending = None
+        if stop:
+            peers.check()  # the stop vote: a collective
+            stopping = True
+        last = step == cfg.train.steps or stopping
+        if step % cfg.log.interval == 0 or last:
+            now = time.time()
+            elapsed = max(now - interval_start, 1e-9)
+            write({"step": step, "loss": loss_at(step), "lr": cfg.optim.lr, "grad_norm": 1.0,
+                   "tokens_per_s": tokens * interval_steps / elapsed,
+                   "tokens_per_s_per_device": tokens * interval_steps / elapsed / world,
+                   "step_time_s": elapsed / interval_steps, "data_wait_pct": 0.0, "checkpoint_block_s": 0.0,
+                   "memory_gib": 0.0, "samples_crc": step})
+            interval_start, interval_steps = now, 0
+        due = step % every == 0 or last or (every_s and (time.time() - last_save) * clock.scale >= every_s)
+        if due:
+            if pending:  # one save in flight at most: the next waits for it
+                peers.sleep_until(pending[1])
+                ckpt.commit(pending[0])
+                pending = None
+            peers.check()  # every rank writes its shards
+            ckpt.begin(step)
+            if last:  # the final save is synchronous
+                peers.sleep_until(time.time() + save_wall)
+                ckpt.commit(step)
+            else:
+                pending = (step, time.time() + save_wall)
+            last_save = time.time()
+            next_end = max(next_end, time.time())
+    status = "complete" if step >= cfg.train.steps else "stopped"
+    write({"event": status, "step": step, "signal": stop[0] if stop else None})
+    metrics.close()
+    from atomic_file import write_atomic
+
+    write_atomic(Path(cfg.checkpoint.dir) / STATUS, status + "\n")
+    peers.release()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cli import ArgumentParser, fail  # the bundle's: jobs/ is on PYTHONPATH in the job
+
+    parser = ArgumentParser(prog="trainer.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config file, as training.train takes it")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = parser.parse_intermixed_args(argv)
+    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or "localhost"
+    address = (first_host(nodes), int(os.environ.get("RDZV_PORT", 29500)))
+    try:
+        clock = Clock(env_float("SIM_TIME_SCALE"))
+        step_s, save_s = env_float("SIM_STEP_S"), env_float("SIM_SAVE_S")
+        load_s = env_float("SIM_LOAD_S", save_s)
+    except ValueError as exc:
+        return fail(exc)
+    if rank:
+        return follower(rank, address, timeout_s=60)
+    from training.config import ConfigError, load_config  # torch-free; only rank 0 reads the config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        failure = os.environ.get("TRAIN_FAILURE_FILE")
+        if failure:
+            Path(failure).write_text(f"user: config error: {exc}\n")
+        return fail(exc, "see python -m training.train --help for every key")
+    try:
+        return leader(cfg, world, address[1], clock, step_s, save_s, load_s)
+    except PeerLost as exc:
+        print(f"rank 0: training failed: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)  # as the trainer leaves on an infrastructure failure: at once, saving nothing
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The goodput simulation's parts that need no Slurm: the stand-in trainer (checkpoint rules, resume, a stop
+request, ranks failing together)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "local_cluster" / "stand_ins" / "trainer.py"
+TINY = REPO / "jobs" / "training" / "configs" / "tiny.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tmp_path: Path, rank: int, world: int, port: int, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world),
+           "SLURM_STEP_NODELIST": "localhost", "RDZV_PORT": str(port), "SIM_TIME_SCALE": "1000",
+           "SIM_STEP_S": "2", "SIM_SAVE_S": "10", "FSX_DATA": str(tmp_path)}  # 2 ms steps, 10 ms saves
+    args = ["--config", str(TINY), "name=sim", f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs",
+            "checkpoint.every=20", "checkpoint.every_minutes=0", "checkpoint.keep=2", "log.interval=10",
+            "optim.warmup_steps=1", *overrides]
+    return subprocess.Popen([sys.executable, str(TRAINER), *args], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def records(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_start(tmp_path: Path, count: int = 1) -> None:
+    deadline = time.monotonic() + 30
+    while sum(r.get("event") == "start" for r in records(tmp_path)) < count:
+        assert time.monotonic() < deadline, records(tmp_path)
+        time.sleep(0.05)
+
+
+def test_stand_in_trainer_saves_by_the_checkpoint_rules_and_resumes_from_latest(tmp_path):
+    first = start(tmp_path, 0, 1, free_port(), "train.steps=60")
+    assert first.wait(timeout=60) == 0, first.stderr.read()
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "STATUS").read_text() == "complete\n"
+    assert (ckpt / "latest").read_text() == "step_00000060\n"
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_00000040", "step_00000060"]  # keep 2
+    assert all((p / ".metadata").is_file() and (p / "train_meta.json").is_file() for p in ckpt.glob("step_*"))
+    lines = records(tmp_path)
+    assert [r["event"] for r in lines if "event" in r] == ["start", "complete"]
+    assert [r["step"] for r in lines if "loss" in r] == [10, 20, 30, 40, 50, 60]
+    assert all(r["time"] > 0 and r["step_time_s"] > 0 for r in lines if "loss" in r)
+
+    again = start(tmp_path, 0, 1, free_port(), "train.steps=100")
+    assert again.wait(timeout=60) == 0, again.stderr.read()
+    resumed = [r for r in records(tmp_path) if r.get("event") == "start"][-1]
+    assert resumed["step"] == 60 and resumed["resumed"]
+    assert (ckpt / "latest").read_text() == "step_00000100\n"
+
+
+def test_a_stop_request_saves_and_releases_every_rank(tmp_path):
+    port = free_port()
+    ranks = [start(tmp_path, rank, 2, port, "train.steps=1000000") for rank in range(2)]
+    wait_for_start(tmp_path)
+    for rank in ranks:  # Slurm signals every task
+        rank.send_signal(signal.SIGTERM)
+    assert [rank.wait(timeout=30) for rank in ranks] == [0, 0]
+    stopped = [r for r in records(tmp_path) if r.get("event") == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGTERM"
+    assert (tmp_path / "ckpt" / "STATUS").read_text() == "stopped\n"
+    assert (tmp_path / "ckpt" / "latest").read_text() == f"step_{stopped[0]['step']:08d}\n"
+
+
+@pytest.mark.parametrize("killed", [1, 0])
+def test_ranks_fail_together_and_save_nothing_when_one_dies(tmp_path, killed):
+    port = free_port()
+    ranks = [start(tmp_path, rank, 3, port, "train.steps=1000000") for rank in range(3)]
+    wait_for_start(tmp_path)
+    ranks[killed].kill()  # its node failed
+    codes = [rank.wait(timeout=30) for rank in ranks]
+    assert codes[killed] == -signal.SIGKILL
+    assert [c for i, c in enumerate(codes) if i != killed] == [1, 1]
+    assert not (tmp_path / "ckpt" / "STATUS").exists()
+    assert not [r for r in records(tmp_path) if r.get("event") in ("stopped", "complete")]
+
