@@ -12,11 +12,13 @@ left in it stopped, a fresh disk, resumed), without its health-check marker (--m
 instance's hardware is sound). The cluster is the one the environment names (LOCAL_CLUSTER_*,
 SLURM_CONF). Reboots run one at a time, with every node due by then. One JSON line per replacement in
 --log: node, the state and reason found, when it was found, its boot started and it was back (epoch s).
+It stops on SIGTERM, or once the process that started it is gone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -59,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     running = [True]
     signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
+    parent = os.getppid()  # whoever started it; it goes when they go
     pending: dict[str, dict] = {}
     with open(args.log, "a") as log:
-        while running[0]:
+        while running[0] and os.getppid() == parent:
             now = time.time()
             for node, (state, reason) in failed_nodes().items():
                 if node in pending:
