@@ -32,7 +32,9 @@
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
 # MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 requeues after
 # failures within 24 h; see training/recovery.py),
-# CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup).
+# CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup),
+# TRAIN_LAUNCHER (a command, split on spaces, that each node runs with the trainer's arguments instead
+# of torchrun + training.train: the goodput simulation's torch-free stand-in, docs/goodput.md).
 # When training completes, the backup runs as a CPU job of its own (jobs/backup.sh) after this one.
 #
 # Recovery (docs/training.md, "What happens when..."): a failed training step (a rank killed, a
@@ -163,10 +165,11 @@ trap 'cancelled=1; echo "SIGTERM: waiting for the workers to save"' TERM
 rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
 # --kill-on-bad-exit: a failed node (a killed rank) ends the whole step at once instead of
 # leaving the others blocked in a collective until the timeout.
+launcher=(torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" --shutdown-timeout="$KILL_WAIT"
+  --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$RDZV_PORT" -m training.train)
+if [[ -n ${TRAIN_LAUNCHER:-} ]]; then read -ra launcher <<<"$TRAIN_LAUNCHER"; fi
 srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" "${container[@]}" "${ignore_usr1[@]}" \
-  torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" --shutdown-timeout="$KILL_WAIT" \
-  --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$RDZV_PORT" \
-  -m training.train --config "$CONFIG" name="$MODEL" "$@" &
+  "${launcher[@]}" --config "$CONFIG" name="$MODEL" "$@" &
 train_pid=$!
 rc=0
 wait "$train_pid" || rc=$?
