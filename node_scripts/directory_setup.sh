@@ -25,7 +25,8 @@
 # Models may also be named as arguments. Per model it creates:
 #   $CHECKPOINTS/<model>/                       wide striping (large parallel writes)
 #   $LOGS/<model>/{,tensorboard/}                one stripe (Slurm logs, metrics: many small appends)
-# and, shared by all models, $DATA/{raw,tokenized}/ with wide striping and $LOGS/validation/ with one.
+# and, shared by all models, $DATA/{raw,tokenized}/ with wide striping, $LOGS/validation/ with one, and
+# $LOGS/node-health/, where the prolog/epilog health check keeps every node's failure history.
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   FSX_FSTYPE           file system type each mount must have (default lustre)
@@ -322,6 +323,8 @@ make_tree() {
   # the job without a log when it is missing).
   make_dir "$logs/validation" narrow
   make_dir "$logs/acceptance" narrow
+  # The health check's failure history (slurm_health_hook.sh): one small append per drain, from any node.
+  make_dir "$logs/node-health" narrow
   for model in "$@"; do
     make_dir "$checkpoints/$model" wide
     make_dir "$logs/$model" narrow

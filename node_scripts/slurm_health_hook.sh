@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Slurm prolog and epilog on every compute node: run the node health check before and after each
 # job; a node that fails it is drained with the check's message as the reason, so no job (the
-# requeued run included) lands on it, and ParallelCluster replaces a drained dynamic node.
+# requeued run included) lands on it, and ParallelCluster replaces a drained node.
 #
 # Installed by directory_setup.sh (head node) as prolog.d/80_llm_node_health and
 # epilog.d/80_llm_node_health under /opt/slurm/etc/scripts/, the folders ParallelCluster's
@@ -9,6 +9,21 @@
 #   prolog: a failed check drains the node and exits 1: Slurm puts the job back in the queue.
 #   epilog: a failed check (a rank died of an Xid, a GPU fell off the bus) drains the node; exit 0,
 #           so the reason stays ours rather than Slurm's "Epilog error".
+#
+# Failure history: every failure is a line of $HEALTH_HISTORY on shared storage (default
+# /fsx/logs/node-health/history.tsv; directory_setup.sh makes the folder, no folder: no history):
+#   time  node  instance  event  job  reason        (tab-separated; instance: i-... where known, else -)
+# event: drain, quarantine, or release (an operator's, below). A node failing again after a drain
+# ($HEALTH_QUARANTINE_AFTER failures since its last release, default 2; 0: never) is quarantined
+# instead, with its instance: Slurm state FAIL, reason "quarantined, ... (history <file>): <check>".
+# FAIL, not DRAIN: ParallelCluster's clustermgtd replaces a DRAINED (or DOWN) static node whatever
+# its reason, terminating the instance and, in a full Capacity Block, relaunching onto the very host
+# just freed; it leaves a FAIL node alone, and Slurm neither schedules on it nor drains it over a
+# prolog error. The trade-off: the node's slot stays out of service (a spare covers it) until an
+# operator looks (docs/training.md, "Spare nodes and quarantine").
+#   slurm_health_hook.sh --release NODE [--replace] [NOTE...]
+#       (operator, on the head node) the node's failures so far no longer count: back into service
+#       as it is, or with --replace set DOWN for ParallelCluster to replace its instance.
 #
 # The check is pluggable: HEALTH_CHECK (a command; exit 0 = healthy, its last output line = the
 # reason), set in $HEALTH_CONF (default /opt/slurm/etc/llm/health.conf); default node_health.sh.
@@ -21,22 +36,90 @@ if [[ -f $HEALTH_CONF ]]; then source "$HEALTH_CONF"; fi
 HEALTH_CHECK="${HEALTH_CHECK:-/opt/slurm/etc/llm/node_health.sh}"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-120}"  # a check that hangs (a stuck driver) is a failure too
 HEALTH_LOG="${HEALTH_LOG:-/var/log/parallelcluster/llm-node-health.log}"
+HEALTH_HISTORY="${HEALTH_HISTORY:-/fsx/logs/node-health/history.tsv}"
+HEALTH_QUARANTINE_AFTER="${HEALTH_QUARANTINE_AFTER:-2}"
+HEALTH_STATE_DIR="${HEALTH_STATE_DIR:-/run/llm-node-health}"  # node-local, per job: see prolog_failed below
+# On Nitro instances (every GPU type here) the DMI asset tag is the instance id: no metadata call.
+INSTANCE_ID_FILE="${INSTANCE_ID_FILE:-/sys/devices/virtual/dmi/id/board_asset_tag}"
 
 node="${SLURMD_NODENAME:-$(hostname -s)}"
 context="${SLURM_SCRIPT_CONTEXT:-check}"  # prolog_slurmd | epilog_slurmd
 context="${context%_slurmd}"
 log() { printf '%s %s %s job %s: %s\n' "$(date -u +%FT%TZ)" "$node" "$context" "${SLURM_JOB_ID:-?}" "$*" >>"$HEALTH_LOG" 2>/dev/null || true; }
 
+instance_id() {
+  local id
+  id="$(cat "$INSTANCE_ID_FILE" 2>/dev/null || true)"
+  if [[ $id =~ ^i-[0-9a-f]+$ ]]; then echo "$id"; else echo -; fi
+}
+
+# record EVENT NODE INSTANCE REASON: one history line; false where there is no history folder.
+record() {
+  [[ -d ${HEALTH_HISTORY%/*} ]] || return 1
+  local reason=${4//$'\t'/ }
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$2" "$3" "$1" "${SLURM_JOB_ID:--}" "${reason//$'\n'/ }" \
+    >>"$HEALTH_HISTORY"
+}
+
+# The node's failures (drain, quarantine) recorded since its last release.
+failures() {
+  [[ -r $HEALTH_HISTORY ]] || { echo 0; return; }
+  awk -F'\t' -v n="$1" '$2 == n { if ($4 == "release") c = 0; else if ($4 == "drain" || $4 == "quarantine") c++ }
+    END { print c + 0 }' "$HEALTH_HISTORY"
+}
+
+
+if [[ ${1:-} == --release ]]; then
+  node="${2:?usage: slurm_health_hook.sh --release NODE [--replace] [NOTE...]}"
+  shift 2
+  replace=0
+  if [[ ${1:-} == --replace ]]; then replace=1; shift; fi
+  note="${*:-no note}"
+  context=release
+  record release "$node" - "released by $(id -un): $note" || echo "no history folder ${HEALTH_HISTORY%/*}: release not recorded" >&2
+  if ((replace)); then
+    # DOWN: ParallelCluster's clustermgtd terminates the instance and launches a new one for the node.
+    scontrol update nodename="$node" state=down reason="released from quarantine for replacement: $note"
+    echo "$node: DOWN, for ParallelCluster to replace its instance; its earlier failures no longer count"
+  else
+    scontrol update nodename="$node" state=resume
+    echo "$node: back in service as it is; its earlier failures no longer count"
+  fi
+  exit 0
+fi
+
+# Slurm runs the epilog of a job whose prolog failed too: a mark on the node, per job, makes that one failure.
+prolog_failed="$HEALTH_STATE_DIR/$node.${SLURM_JOB_ID:-none}.prolog-failed"
+
 rc=0
 out="$(timeout "$HEALTH_TIMEOUT" "$HEALTH_CHECK" 2>&1)" || rc=$?
 if ((rc == 0)); then
+  [[ $context != prolog ]] || rm -f "$prolog_failed"
   exit 0
 fi
 ((rc == 124)) && out="no answer within ${HEALTH_TIMEOUT}s"
 detail="$(printf '%s\n' "$out" | awk 'NF { last = $0 } END { print last }')"
+detail="${detail//\"/\'}"
 reason="health check failed in $context of job ${SLURM_JOB_ID:-?}: ${detail:-exit $rc}"
-reason="${reason//\"/\'}"
-log "DRAIN: $reason"
-scontrol update nodename="$node" state=drain reason="${reason:0:200}" || log "scontrol could not drain $node"
-[[ $context == prolog ]] && exit 1
+if [[ $context == epilog && -e $prolog_failed ]]; then
+  rm -f "$prolog_failed"
+  log "failed again after this job's failed prolog, the node already out of service: $reason"
+  exit 0
+fi
+failed=$(($(failures "$node") + 1))
+instance="$(instance_id)"
+if ((HEALTH_QUARANTINE_AFTER > 0 && failed >= HEALTH_QUARANTINE_AFTER)); then
+  reason="quarantined, failure $failed since its last release (history $HEALTH_HISTORY): ${detail:-exit $rc}"
+  record quarantine "$node" "$instance" "$reason" || log "no history folder ${HEALTH_HISTORY%/*}: not recorded"
+  log "QUARANTINE (state FAIL): $reason"
+  scontrol update nodename="$node" state=fail reason="${reason:0:200}" || log "scontrol could not quarantine $node"
+else
+  record drain "$node" "$instance" "$reason" || log "no history folder ${HEALTH_HISTORY%/*}: not recorded"
+  log "DRAIN: $reason"
+  scontrol update nodename="$node" state=drain reason="${reason:0:200}" || log "scontrol could not drain $node"
+fi
+if [[ $context == prolog ]]; then
+  mkdir -p "$HEALTH_STATE_DIR" && touch "$prolog_failed" || log "cannot mark $prolog_failed"
+  exit 1
+fi
 exit 0

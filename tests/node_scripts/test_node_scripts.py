@@ -131,7 +131,9 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     assert f"setstripe -c 1 {node / 'logs' / 'model1' / 'tensorboard'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'validation'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'acceptance'}" in lines
-    assert len(lines) == 2 + 2 + 1 + 2  # data/{raw,tokenized}, validation and acceptance logs, model1 checkpoints + 2 log folders
+    assert f"setstripe -c 1 {node / 'logs' / 'node-health'}" in lines  # the health check's failure history
+    # data/{raw,tokenized}, validation, acceptance and node-health logs, model1 checkpoints + 2 log folders
+    assert len(lines) == 2 + 3 + 1 + 2
 
 
 @needs_mount_namespace
@@ -187,7 +189,9 @@ def _hook(tmp_path, check: str, context: str, conf: str = "/nonexistent"):
     scontrol.write_text(f'#!/bin/sh\necho "$@" >>{tmp_path}/scontrol.calls\n')
     scontrol.chmod(0o755)
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HEALTH_CHECK": check, "HEALTH_CONF": conf,
-           "HEALTH_LOG": str(tmp_path / "health.log"), "SLURMD_NODENAME": "gpu-st-p5e-3", "SLURM_JOB_ID": "77",
+           "HEALTH_LOG": str(tmp_path / "health.log"), "HEALTH_STATE_DIR": str(tmp_path / "run"),
+           "HEALTH_HISTORY": str(tmp_path / "no-history" / "history.tsv"),  # failure history: test_health_history.py
+           "SLURMD_NODENAME": "gpu-st-p5e-3", "SLURM_JOB_ID": "77",
            "SLURM_SCRIPT_CONTEXT": f"{context}_slurmd"}
     result = subprocess.run(["bash", str(SCRIPTS / "slurm_health_hook.sh")], env=env, capture_output=True, text=True)
     calls = tmp_path / "scontrol.calls"

@@ -1,0 +1,146 @@
+"""The prolog/epilog health hook's failure history: every drain is a line on shared storage, a node failing
+again since its last release is quarantined (Slurm state FAIL, which ParallelCluster's clustermgtd leaves
+alone), and an operator's release makes its failures so far not count. Slurm's scontrol is a stand-in that
+records its arguments; the hook itself runs for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+HOOK = Path(__file__).resolve().parents[2] / "node_scripts" / "slurm_health_hook.sh"
+
+
+class Hook:
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "bin").mkdir()
+        (root / "node-health").mkdir()  # directory_setup.sh makes it on the logs file system
+        (root / "bin" / "scontrol").write_text(f'#!/bin/sh\necho "$@" >>{root}/scontrol.calls\n')
+        (root / "bin" / "scontrol").chmod(0o755)
+        (root / "check.sh").write_text(f"#!/bin/sh\n[ -e {root}/healthy ] && exit 0\necho probing\necho \"$CHECK_SAYS\"\nexit 1\n")
+        (root / "check.sh").chmod(0o755)
+        self.history = root / "node-health" / "history.tsv"
+        self.instance = root / "board_asset_tag"
+        self.instance.write_text("i-0123456789abcdef0\n")
+
+    def run(self, *args: str, node="gpu-st-p5e-3", job="77", context="epilog", says="nvidia-smi sees 7 of 8 GPUs",
+            **env: str) -> subprocess.CompletedProcess:
+        full = {"PATH": f"{self.root / 'bin'}:{os.environ['PATH']}", "HEALTH_CHECK": str(self.root / "check.sh"),
+                "HEALTH_CONF": "/nonexistent", "HEALTH_LOG": str(self.root / "health.log"),
+                "HEALTH_HISTORY": str(self.history), "INSTANCE_ID_FILE": str(self.instance), "CHECK_SAYS": says,
+                "HEALTH_STATE_DIR": str(self.root / "run"), "SLURMD_NODENAME": node, "SLURM_JOB_ID": job,
+                "SLURM_SCRIPT_CONTEXT": f"{context}_slurmd", **env}
+        return subprocess.run(["bash", str(HOOK), *args], env=full, capture_output=True, text=True)
+
+    def calls(self) -> list[str]:
+        path = self.root / "scontrol.calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def lines(self) -> list[list[str]]:
+        return [line.split("\t") for line in self.history.read_text().splitlines()]
+
+
+@pytest.fixture
+def hook(tmp_path) -> Hook:
+    return Hook(tmp_path)
+
+
+def test_every_drain_is_a_history_line_with_node_instance_time_and_reason(hook):
+    assert hook.run().returncode == 0
+    [line] = hook.lines()
+    when, node, instance, event, job, reason = line
+    assert (node, instance, event, job) == ("gpu-st-p5e-3", "i-0123456789abcdef0", "drain", "77")
+    assert when.endswith("Z") and reason == "health check failed in epilog of job 77: nvidia-smi sees 7 of 8 GPUs"
+    assert hook.calls() == [f"update nodename=gpu-st-p5e-3 state=drain reason={reason}"]
+
+
+def test_a_second_failure_quarantines_the_node_in_a_state_parallelcluster_leaves_alone(hook):
+    hook.run()
+    second = hook.run(job="78", context="prolog", says="GPU 3 fell off the bus (Xid 79)")
+    assert second.returncode == 1  # prolog: Slurm requeues the job (and drains no FAIL node over a prolog error)
+    *_, last = hook.calls()
+    reason = f"quarantined, failure 2 since its last release (history {hook.history}): GPU 3 fell off the bus (Xid 79)"
+    assert last == f"update nodename=gpu-st-p5e-3 state=fail reason={reason[:200]}"  # Slurm's reason: 200 characters here
+    drain, quarantine = hook.lines()
+    assert (drain[3], quarantine[3], quarantine[2], quarantine[5]) == ("drain", "quarantine", "i-0123456789abcdef0", reason)
+    assert "QUARANTINE (state FAIL)" in (hook.root / "health.log").read_text()
+
+
+def test_other_nodes_failures_do_not_count(hook):
+    hook.run(node="gpu-st-p5e-1")
+    hook.run(node="gpu-st-p5e-2")
+    assert [call.split()[2] for call in hook.calls()] == ["state=drain", "state=drain"]
+
+
+def test_a_release_makes_earlier_failures_not_count_and_resumes_or_replaces(hook):
+    hook.run()
+    hook.run(job="78")  # quarantined
+    released = hook.run("--release", "gpu-st-p5e-3", "AWS retired the host", node="head")
+    assert released.returncode == 0, released.stderr
+    assert hook.calls()[-1] == "update nodename=gpu-st-p5e-3 state=resume"
+    release = hook.lines()[-1]
+    assert (release[1], release[2], release[3]) == ("gpu-st-p5e-3", "-", "release")  # the head node's id is not the node's
+    assert release[5].endswith(": AWS retired the host")
+    hook.run(job="79")
+    assert hook.calls()[-1].split()[2] == "state=drain"  # the first failure since the release
+    hook.run(job="80")
+    assert hook.calls()[-1].split()[2] == "state=fail"
+    hook.run("--release", "gpu-st-p5e-3", "--replace", "bad GPU", node="head")
+    # DOWN: ParallelCluster's clustermgtd terminates the instance and launches a new one.
+    assert hook.calls()[-1] == "update nodename=gpu-st-p5e-3 state=down reason=released from quarantine for replacement: bad GPU"
+
+
+def test_without_the_history_folder_the_hook_drains_as_before(hook):
+    hook.history.parent.rmdir()
+    for job in ("77", "78"):
+        assert hook.run(job=job).returncode == 0
+    assert [call.split()[2] for call in hook.calls()] == ["state=drain", "state=drain"]
+    assert "no history folder" in (hook.root / "health.log").read_text()
+
+
+def test_quarantine_can_be_turned_off_and_a_non_ec2_node_has_no_instance_id(hook):
+    hook.instance.write_text("Default string\n")  # what a non-Nitro machine's DMI says
+    for job in ("77", "78", "79"):
+        hook.run(job=job, HEALTH_QUARANTINE_AFTER="0")
+    assert [call.split()[2] for call in hook.calls()] == ["state=drain"] * 3
+    assert {line[2] for line in hook.lines()} == {"-"}
+
+
+def test_tabs_and_quotes_in_the_checks_message_keep_one_field(hook):
+    hook.run(says='EFA\tdevice "efa0" missing')
+    [line] = hook.lines()
+    assert len(line) == 6 and line[5].endswith("EFA device 'efa0' missing")
+
+
+def test_the_epilog_after_a_failed_prolog_is_the_same_failure(hook):
+    # Slurm runs the epilog of a job whose prolog failed: counting it twice would quarantine a node on its first failure.
+    assert hook.run(job="77", context="prolog").returncode == 1
+    assert hook.run(job="77", context="epilog").returncode == 0
+    assert [line[3] for line in hook.lines()] == ["drain"]
+    assert [call.split()[2] for call in hook.calls()] == ["state=drain"]
+    hook.run(job="78", context="prolog")  # the next job's prolog: the second failure
+    hook.run(job="78", context="epilog")
+    assert [line[3] for line in hook.lines()] == ["drain", "quarantine"]
+    assert [call.split()[2] for call in hook.calls()] == ["state=drain", "state=fail"]
+    assert "failed again after this job's failed prolog" in (hook.root / "health.log").read_text()
+
+
+def test_a_requeued_job_failing_again_on_the_same_node_is_a_new_failure(hook):
+    # Job ids survive requeues: the same job, back on the node after a release, fails anew.
+    hook.run(job="77", context="epilog")
+    hook.run("--release", "gpu-st-p5e-3", "replaced", node="head")
+    (hook.root / "healthy").touch()
+    assert hook.run(job="77", context="prolog").returncode == 0  # it starts there again
+    (hook.root / "healthy").unlink()
+    hook.run(job="77", context="epilog")  # and fails: the first failure since the release
+    assert [line[3] for line in hook.lines()] == ["drain", "release", "drain"]
+    hook.run("--release", "gpu-st-p5e-3", "replaced", node="head")
+    hook.run(job="77", context="prolog")
+    hook.run(job="77", context="epilog")
+    hook.run("--release", "gpu-st-p5e-3", "replaced", node="head")
+    hook.run(job="77", context="prolog")  # its prolog fails again after a release: a new failure, not the old one
+    assert [line[3] for line in hook.lines()][-3:] == ["drain", "release", "drain"]
