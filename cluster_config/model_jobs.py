@@ -31,6 +31,7 @@ from training.config import Config, ConfigError, read_config_file, set_key, vali
 from cluster_config.settings import ModelPlan, Settings, SettingsError, load_settings
 
 USR1_LEAD_S = 600  # --signal=USR1@<this>: the trainer saves and stops (jobs/train.sh explains the lead)
+TIME_LIMIT = "24:00:00"  # --time; train.sh gives it back to a requeued job whose limit Slurm cut (--time-min)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES = REPO_ROOT / "jobs/training/configs"
@@ -104,12 +105,13 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int) -> str:
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={queue.gpus_per_instance}
 #SBATCH --exclusive
-#SBATCH --time=24:00:00
+#SBATCH --time={TIME_LIMIT}
 #SBATCH --time-min={time_min_s // 60}
 #SBATCH --signal=USR1@{USR1_LEAD_S}
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -euo pipefail
+export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{TIME_LIMIT}}}"  # --time above, for train.sh's requeue
 exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {model.name} "$@"
 """
 

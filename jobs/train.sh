@@ -28,6 +28,7 @@
 #                              docs/training.md); a missing folder makes the job fail silently.
 #
 # Environment (optional): TRAIN_CONFIG (config file; default jobs/models/<model>.yaml),
+# TRAIN_TIME_LIMIT (the model script's --time, given back to the job when it requeues itself),
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
 # MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 requeues after
@@ -189,6 +190,13 @@ action="$(python -m training.recovery decide "$LOG_DIR" --exit "$rc" --status "$
 case $action in
   requeue)
     scontrol requeue "$SLURM_JOB_ID"
+    # A limit Slurm cut to fit before a reservation (--time-min) stays cut across the requeue, and every
+    # restart would stop as early; a pending job's owner may raise it again (up to the partition's
+    # MaxTime), so the next run gets the whole limit unless a reservation cuts it anew.
+    if [[ -n ${TRAIN_TIME_LIMIT:-} ]]; then
+      scontrol update JobId="$SLURM_JOB_ID" TimeLimit="$TRAIN_TIME_LIMIT" \
+        || echo "WARNING: the requeued job keeps its time limit; restore it: scontrol update JobId=$SLURM_JOB_ID TimeLimit=$TRAIN_TIME_LIMIT" >&2
+    fi
     exit 0 ;;
   user-error) exit 2 ;;
   give-up) exit $((rc ? rc : 1)) ;;

@@ -40,7 +40,7 @@ def test_shellcheck_clean(scripts):
 
 
 def test_common_directives_are_identical_and_safe(scripts):
-    per_model = ("job-name", "nodes", "account", "qos", "output", "error", "gpus-per-node")
+    per_model = ("job-name", "nodes", "account", "qos", "output", "error", "gpus-per-node", "time-min")
     common = [{k: v for k, v in directives(p).items() if k not in per_model} for p in scripts]
     assert len(scripts) == 9 and all(c == common[0] for c in common)  # prod's seven, dev's two
     c = common[0]
@@ -50,4 +50,5 @@ def test_common_directives_are_identical_and_safe(scripts):
     for path in scripts:  # thin: directives, then hand over to train.sh with the model name
         body = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
         assert body == ["set -euo pipefail",
+                        f'export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{c["time"]}}}"  # --time above, for train.sh\'s requeue',
                         f'exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {path.stem[6:]} "$@"']
