@@ -6,8 +6,9 @@
     state, code = job.wait()
 
 Each job gets its own checkpoint and log folders under /fsx/tests/recovery/<name>-<id>/ (FSX_CHECKPOINTS
-and FSX_LOGS), so jobs never share a ``latest``; Slurm's own output goes to /fsx/logs/model1/ as in
-production. The nodes share the host's /proc, so the workers are found (and signalled) from here.
+and FSX_LOGS), so jobs never share a ``latest``; Slurm's own output goes to /fsx/logs/<model>/ as in
+production (dev's model1 by default; ``TrainingJob(cluster, name, model="model2")`` for its 1-node share).
+The nodes share the host's /proc, so the workers are found (and signalled) from here.
 """
 
 from __future__ import annotations
@@ -27,17 +28,18 @@ OPTIONS = ["--nodes=2", "--gpus-per-node=0"]  # the local nodes have CPUs only
 
 
 class TrainingJob:
-    def __init__(self, cluster: LocalCluster, name: str):
+    def __init__(self, cluster: LocalCluster, name: str, model: str = "model1"):
         self.cluster = cluster
+        self.model = model  # whose job script, account and QOS (dev's: model1 2 nodes, model2 1)
         self.root = f"tests/recovery/{name}-{uuid.uuid4().hex[:8]}"
         self.host_root = cluster.fsx / self.root
         self.id = ""
 
     def submit(self, *overrides: str, options: tuple[str, ...] = (), **extra_env: str) -> "TrainingJob":
-        (self.cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)  # Slurm does not create it
+        (self.cluster.fsx / f"logs/{self.model}").mkdir(parents=True, exist_ok=True)  # Slurm does not create it
         env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
                "OMP_NUM_THREADS": "1", **extra_env}
-        self.id = self.cluster.sbatch("jobs/train_model1.sh", *TINY, *overrides, env=env,
+        self.id = self.cluster.sbatch(f"jobs/train_{self.model}.sh", *TINY, *overrides, env=env,
                                       options=[*OPTIONS, *options])
         return self
 
@@ -50,11 +52,11 @@ class TrainingJob:
     # --- what the job wrote ---------------------------------------------------------------------
     @property
     def log_dir(self) -> Path:
-        return self.host_root / "logs/model1"
+        return self.host_root / f"logs/{self.model}"
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.host_root / "checkpoints/model1"
+        return self.host_root / f"checkpoints/{self.model}"
 
     def records(self) -> list[dict]:
         return read_metrics(self.log_dir / "metrics.jsonl")
@@ -68,7 +70,7 @@ class TrainingJob:
 
     def output(self) -> str:
         """The job's Slurm stdout then stderr (training logs go to stderr)."""
-        paths = [self.cluster.fsx / f"logs/model1/model1_{self.id}.{ext}" for ext in ("out", "err")]
+        paths = [self.cluster.fsx / f"logs/{self.model}/{self.model}_{self.id}.{ext}" for ext in ("out", "err")]
         return "".join(p.read_text(errors="replace") for p in paths if p.exists())
 
     # --- waiting --------------------------------------------------------------------------------
