@@ -1,10 +1,11 @@
 """The goodput simulation's parts that need no Slurm: the stand-in trainer (checkpoint rules, resume, a stop
-request, ranks failing together)."""
+request, ranks failing together), Slurm host lists and the failure draw."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from local_cluster.simulation.cluster import expand_hostlist
+from local_cluster.simulation.faults import failure_times
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "local_cluster" / "stand_ins" / "trainer.py"
@@ -93,3 +96,15 @@ def test_ranks_fail_together_and_save_nothing_when_one_dies(tmp_path, killed):
     assert not (tmp_path / "ckpt" / "STATUS").exists()
     assert not [r for r in records(tmp_path) if r.get("event") in ("stopped", "complete")]
 
+
+def test_host_lists_expand_as_slurm_writes_them():
+    assert expand_hostlist("node[1-3,7],node9") == ["node1", "node2", "node3", "node7", "node9"]
+    assert expand_hostlist("node12") == ["node12"]
+    assert expand_hostlist("node[08-10]") == ["node08", "node09", "node10"]
+
+
+def test_failures_arrive_at_the_plans_rate():
+    times = failure_times(3.8, nodes=80, days=1000, rng=random.Random(7))
+    expected = 3.8 / 1000 * 80 * 1000  # 304
+    assert abs(len(times) - expected) < 3 * expected**0.5
+    assert times == sorted(times) and 0 < times[0] and times[-1] < 1000 * 86400

@@ -1,0 +1,181 @@
+"""What a simulation run measured per model, beside what the goodput model predicts for it.
+
+Measured, in simulated time, over the window from the simulation's start (every model training) to the
+end of its days, or to the model's completion if sooner:
+
+  ETTR            productive step time / wall time: the steps gained over the window (at the end, the
+                  step reached if the model is training, else the checkpoint it will resume from) x the
+                  step time, over the window
+  failures        injected failures that hit one of the model's nodes while its job ran
+  time to resume  from a failure to the first step after the restart (a node free or not)
+  GPU-h lost      (window - productive time) x the model's GPUs
+  share           the most nodes its jobs held at once (never above its share), and the longest time it
+                  waited while enough nodes were idle, Slurm's requeue hold aside (never beyond the
+                  scheduler's cycle)
+  end             complete, or still running / waiting to restart; never failed or pending for good
+
+Predicted: ``cluster_config.goodput.Goodput`` with the simulation's effective parameters: the plan's
+step and save times and Young's interval (simulated, so unchanged), the injected failure rate, and the
+local recovery and replacement as ``calibrate`` measured them, multiplied by the time scale. "given
+failures" uses the failures that did happen instead of the expected count: the per-failure cost alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cluster_config.goodput import DAY_S, Goodput, p_no_spare
+from local_cluster.simulation.faults import KINDS
+from local_cluster.simulation.run import Calibration, ModelSim, RunRecord
+
+HOLD_REASON = "BeginTime"  # Slurm holds a requeued job until its old credential expires (cred_expire + 1 s)
+SCHEDULER_CYCLE_WALL = 5.0  # sched_interval 2 s + bf_interval 1 s + a poll: longer is a model left waiting
+TOLERANCE = 0.20
+
+
+def predicted(model: ModelSim, record: RunRecord, calibration: Calibration, kind: str | None = None) -> Goodput:
+    """The model's goodput with the simulation's effective parameters (a failure of ``kind``, or the mix)."""
+    scale, spares = record.scenario.scale, record.scenario.spares
+    training = sum(m.nodes for m in record.models)
+    replacement_s = calibration.replacement * scale
+    per_node_day = record.scenario.failures_per_1000_node_days / 1000
+    return dataclasses.replace(
+        model.plan, nodes=model.nodes, gpus=model.gpus, failures_per_day=per_node_day * model.nodes,
+        checkpoint_interval_s=model.every * model.step_s, save_s=model.save_s,
+        recovery_s=calibration.recovery(model.name, kind, record.scenario.gpu_share) * scale, replacement_s=replacement_s,
+        p_no_spare=p_no_spare(per_node_day * training * replacement_s / DAY_S, spares))
+
+
+def _progress_at(steps: list[dict], t: float, step_wall: float, since: float = 0.0) -> float | None:
+    """The step reached at ``t`` by a run logging ``steps`` since ``since``: the last line, plus the steps
+    of the time after it (lines come every log.interval steps)."""
+    before = [r for r in steps if since <= r["time"] <= t]
+    if not before:
+        return None
+    return before[-1]["step"] + (t - before[-1]["time"]) / step_wall
+
+
+def model_result(model: ModelSim, record: RunRecord, calibration: Calibration) -> dict:
+    scale, t0 = record.scenario.scale, record.t0
+    step_wall = model.step_s / scale
+    records = record.metrics.get(model.name, [])
+    steps = [r for r in records if "loss" in r]
+    starts = [r for r in records if r.get("event") == "start"]
+    complete = next((r for r in records if r.get("event") == "complete" and r["time"] <= record.end), None)
+    failures = [f for f in record.failures if f.get("model") == model.name and t0 <= f["time"] <= record.end]
+    first = _progress_at(steps, t0, step_wall, since=max((s["time"] for s in starts if s["time"] <= t0), default=0))
+    if first is None:  # no line yet: the first start
+        start = max((s for s in starts if s["time"] <= t0), key=lambda s: s["time"])
+        first = start["step"] + (t0 - start["time"]) / step_wall
+    if complete:
+        t_end, last = complete["time"], complete["step"]
+    else:
+        t_end = record.end
+        last_start = max((s["time"] for s in starts if s["time"] <= t_end), default=t0)
+        last_failure = max((f["time"] for f in failures), default=-math.inf)
+        if last_start > last_failure:  # training at the end
+            last = _progress_at(steps, t_end, step_wall, since=last_start)
+            if last is None:
+                start = next(s for s in starts if s["time"] == last_start)
+                last = start["step"] + (t_end - last_start) / step_wall
+        else:  # waiting to restart: it will resume from its latest checkpoint
+            last = record.final[model.name]["latest_step"]
+    window = (t_end - t0) * scale
+    productive = (last - first) * model.step_s
+    resumes = []
+    for failure in failures:
+        later = [s["time"] for s in starts if s["time"] > failure["time"]]
+        resumes.append((later[0] + step_wall - failure["time"]) * scale if later and later[0] <= record.end else None)
+    share = _share(model, record)
+    guess = predicted(model, record, calibration)
+    days = window / DAY_S
+    # the failures that did happen, each of its kind; one too near the end loses only the time left
+    lost_given = 0.0
+    for f in failures:
+        g = predicted(model, record, calibration, f["kind"])
+        lost_given += min(g.lost_per_failure_s, g.rework_s + (t_end - f["time"]) * scale)
+    ettr_given = max(0.0, 1 - lost_given / window) if window else 0.0
+    final = record.final.get(model.name, {})
+    end = "complete" if complete else (
+        "training" if final.get("job_state") == "RUNNING" and (not failures or resumes[-1] is not None)
+        else f"{final.get('job_state', '?').lower()} ({final.get('reason', '')})")
+    gave_up = [r for r in records if r.get("event") == "recovery" and r.get("action") == "stop"]
+    return {
+        "model": model.name, "nodes": model.nodes, "gpus": model.gpus, "window_days": days,
+        "checkpoint_every_steps": model.every, "checkpoint_interval_h": model.every * model.step_s / 3600,
+        "failures": len(failures), "failure_kinds": [f["kind"] for f in failures],
+        "expected_failures": guess.failures_per_day * days,
+        "ettr": productive / window if window else 0.0, "ettr_predicted": guess.ettr, "ettr_given_failures": ettr_given,
+        "resume_h": [r / 3600 if r is not None else None for r in resumes],
+        "resume_predicted_h": (guess.recovery_s + guess.replacement_wait_s) / 3600, "recovery_h": guess.recovery_s / 3600,
+        "restart_wall_s": {kind: calibration.recovery(model.name, kind) for kind in KINDS},
+        "measured_kinds": sorted(calibration.recovery_wall.get(model.name, {})),
+        "lost_gpu_h": (window - productive) / 3600 * model.gpus,
+        "lost_gpu_h_predicted": (1 - guess.ettr) * window / 3600 * model.gpus,
+        "lost_gpu_h_given_failures": (1 - ettr_given) * window / 3600 * model.gpus,
+        "max_nodes": share["max_nodes"], "starved_h": share["starved_wall"] * scale / 3600,
+        "held_h": share["held_wall"] * scale / 3600, "end": end, "gave_up": bool(gave_up),
+        "kept_share": share["max_nodes"] <= model.nodes and share["starved_wall"] <= SCHEDULER_CYCLE_WALL,
+        "stuck": bool(gave_up) or not (complete or final.get("job_state") in ("RUNNING", "PENDING", "CONFIGURING",
+                                                                              "COMPLETING", "REQUEUED")),
+        "plan_ettr": model.plan.ettr,
+    }
+
+
+def _share(model: ModelSim, record: RunRecord) -> dict:
+    """The most nodes the model held, and its longest wait with enough nodes idle (hold aside), wall s."""
+    max_nodes, starved, longest, held, previous = 0, 0.0, 0.0, 0.0, None
+    for sample in record.timeline:
+        entry = sample["models"].get(model.name, {"running": 0, "pending": ""})
+        max_nodes = max(max_nodes, entry["running"])
+        dt = sample["time"] - previous if previous is not None else 0.0
+        previous = sample["time"]
+        waiting = not entry["running"] and entry["pending"]
+        if waiting and entry["pending"] == HOLD_REASON:
+            held += dt
+        if waiting and entry["pending"] != HOLD_REASON and sample["idle"] >= model.nodes:
+            starved += dt
+            longest = max(longest, starved)
+        else:
+            starved = 0.0
+    return {"max_nodes": max_nodes, "starved_wall": longest, "held_wall": held}
+
+
+def results(record: RunRecord, calibration: Calibration) -> list[dict]:
+    return [model_result(model, record, calibration) for model in record.models]
+
+
+def within(measured: float, expected: float, tolerance: float = TOLERANCE) -> bool:
+    return abs(measured - expected) <= tolerance * abs(expected)
+
+
+def _hours(values: list) -> str:
+    done = [v for v in values if v is not None]
+    text = "/".join(f"{v:.1f}" for v in done) or "-"
+    return text + (" +down" if len(done) < len(values) else "")
+
+
+def format_table(rows: list[dict], record: RunRecord, calibration: Calibration) -> str:
+    s = record.scenario
+    lines = [
+        f"{s.spares} spare(s): {len(rows)} models on {sum(r['nodes'] for r in rows) + s.spares} nodes, "
+        f"{s.days:g} simulated days in {s.wall(s.days * DAY_S):.0f} s (x{s.scale:g}), {s.failures_per_1000_node_days:g} failures per "
+        f"1,000 node-days, seed {s.seed}; effective replacement {calibration.replacement * s.scale / 3600:.2f} h "
+        f"({calibration.replacement:.1f} s here; {s.replacement_min:g} min scaled + the local boot), recovery per model below "
+        f"(plan {record.models[0].plan.recovery_s / 60:g} min)",
+        "",
+        "| model | nodes | ckpt h | recovery h (s here: GPU/node/first node) | failures (expected) | ETTR sim | ETTR predicted | "
+        "given failures | resume h (predicted) | GPU-h lost sim | predicted | given failures | max nodes | "
+        "waited idle h | end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['nodes']} | {r['checkpoint_interval_h']:.1f} | {r['recovery_h']:.1f} "
+            f"({'/'.join(format(r['restart_wall_s'][k], '.0f') for k in KINDS)}) | {r['failures']} "
+            f"({r['expected_failures']:.2f}) | {r['ettr']:.1%} | {r['ettr_predicted']:.1%} | "
+            f"{r['ettr_given_failures']:.1%} | {_hours(r['resume_h'])} ({r['resume_predicted_h']:.1f}) | "
+            f"{r['lost_gpu_h']:,.0f} | {r['lost_gpu_h_predicted']:,.0f} | {r['lost_gpu_h_given_failures']:,.0f} | "
+            f"{r['max_nodes']}/{r['nodes']} | {r['starved_h']:.2f} | {r['end']} |")
+    return "\n".join(lines)
