@@ -186,7 +186,13 @@ def set_accounts(cluster: SimCluster, models: list[ModelSim]) -> None:
 
 
 def prepare_jobs(cluster: SimCluster, settings, models: list[ModelSim]) -> Path:
-    """A copy of the installed bundle with these settings' model jobs; fresh checkpoint and log folders."""
+    """A copy of the installed bundle with these settings' model jobs; fresh checkpoint and log folders.
+    Jobs an interrupted run left are cancelled first: slurmctld keeps its queue across ``cluster.sh
+    down`` and ``up``, and an old job would hold a model's QOS (and write into its fresh folders). Its nodes
+    still out of service are set DOWN, for the stand-in clustermgtd to replace before the jobs start."""
+    cancel_all(cluster)
+    release(cluster, [n for n, (state, _) in cluster.node_states().items() if state not in USABLE],
+            "left by an interrupted run")
     root = cluster.base / "simulation"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(cluster.jobs_home / "bundle" / "jobs", root / "jobs")
@@ -283,6 +289,7 @@ def calibrate(cluster: SimCluster, models: list[ModelSim], settings, scenario: S
     calibration = Calibration(nodes={m.name: m.nodes for m in models})
     used: set[str] = set()
     try:
+        cluster.wait_all_usable()
         for model in models:
             submit(cluster, root, model, scenario)
         wait_for("every model's first step",
@@ -315,18 +322,27 @@ def calibrate(cluster: SimCluster, models: list[ModelSim], settings, scenario: S
     return calibration
 
 
+def cancel_all(cluster: SimCluster) -> None:
+    """Every job of the cluster cancelled and gone from the queue."""
+    for job in cluster.jobs():
+        cluster.slurm("scancel", job["id"], check=False)
+    wait_for("the jobs' end", lambda: not cluster.jobs(), 120, interval=0.5)
+
+
+def release(cluster: SimCluster, nodes: list[str], reason: str) -> None:
+    """Nodes set DOWN, which the stand-in clustermgtd replaces (as it does any DOWN static node)."""
+    for node in nodes:
+        cluster.slurm("scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}", check=False)
+
+
 def finish(cluster: SimCluster, manager: Clustermgtd) -> list[str]:
     """Cancel every job; once the failed nodes are replaced too, stop the stand-in for clustermgtd.
     Nodes the health hook quarantined (FAIL: clustermgtd leaves them) are released for replacement,
     as an operator would; their names are returned."""
     try:
-        for job in cluster.jobs():
-            cluster.slurm("scancel", job["id"], check=False)
-        wait_for("the jobs' end", lambda: not cluster.jobs(), 120, interval=0.5)
+        cancel_all(cluster)
         quarantined = [n for n, (state, _) in cluster.node_states().items() if state.rstrip(FLAGS) == "fail"]
-        for node in quarantined:
-            cluster.slurm("scontrol", "update", f"nodename={node}", "state=down",
-                          "reason=released for replacement after the simulation", check=False)
+        release(cluster, quarantined, "released for replacement after the simulation")
         cluster.wait_all_usable()
         return quarantined
     finally:
@@ -342,6 +358,7 @@ def simulate(cluster: SimCluster, models: list[ModelSim], settings, scenario: Sc
     manager = Clustermgtd(cluster, scenario, "replacements")
     rng = random.Random(scenario.seed)
     try:
+        cluster.wait_all_usable()
         jobs = {m.name: submit(cluster, root, m, scenario) for m in models}
         wait_for("every model's first step",
                  lambda: all(starts_after(metrics_of(cluster, m.name), 0) for m in models), 600, interval=0.5)
