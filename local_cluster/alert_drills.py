@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 from cli import ArgumentParser
 
-from . import demo_data
+from . import client, demo_data
 from .client import REPO, LocalCluster
 from .training_job import worker_pids
 
@@ -103,14 +103,8 @@ def slurm_activity() -> str:
 
 
 def wait_for(what: str, probe, timeout: float, interval: float = 1.0):
-    """Poll ``probe()`` until it returns something other than None; that value. TimeoutError with the
-    webhook's and Prometheus' view otherwise."""
-    deadline = time.monotonic() + timeout
-    while (value := probe()) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:.0f} s{diagnostics()}")
-        time.sleep(interval)
-    return value
+    """client.wait_for, with the webhook's, Prometheus' and Slurm's view in the TimeoutError."""
+    return client.wait_for(what, probe, timeout, interval, detail=diagnostics)
 
 
 def notified(name: str, labels: dict[str, str], status: str, since: float, timeout: float,

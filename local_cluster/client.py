@@ -99,6 +99,18 @@ def job_records(job_id: str) -> list[dict[str, str]]:
     return [dict(FIELD.findall(line)) for line in result.stdout.splitlines() if line.strip()]
 
 
+def wait_for(what: str, condition: Callable[[], object], timeout: float, interval: float = 1.0,
+             detail: Callable[[], str] = lambda: ""):
+    """Poll ``condition()`` until it returns something true, and return that. After ``timeout`` s:
+    TimeoutError naming ``what``, followed by ``detail()`` (what the caller can show of the cause)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout:.0f} s{detail()}")
+        time.sleep(interval)
+    return value
+
+
 def wait_for_job(job_id: str, timeout: float = 180, *, on_poll: Callable[[], None] | None = None,
                  interval: float = 0.5) -> tuple[str, int]:
     """Wait until the job (every task of an array) has ended; return (state, exit code).

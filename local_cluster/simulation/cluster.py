@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monitoring.slurm import STATE_FLAGS as FLAGS  # sinfo's state suffixes (jobs/ is on the path)
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "local_cluster" / "cluster.sh"
 USABLE = {"idle", "allocated", "mixed", "completing"}  # sinfo's states of a node in service (no flag)
-FLAGS = "*~#!%$@^-+"  # sinfo's state suffixes: not responding, powered down, ...
 
 
 def expand_hostlist(hostlist: str) -> list[str]:

@@ -33,6 +33,7 @@ from cluster_config.goodput import DAY_S, Goodput, young_interval_s
 from cluster_config.model_jobs import write_job_files
 from cluster_config.plan import build_plan, spares_alternative
 from cluster_config.settings import load_settings
+from local_cluster.client import wait_for
 from local_cluster.simulation.cluster import (FLAGS, REPO, USABLE, SimCluster, expand_hostlist, machine_cpu_s,
                                              process_usage)
 from local_cluster.simulation.faults import FIRST_NODE_LOST, KINDS, failure_times
@@ -226,15 +227,6 @@ def metrics_of(cluster: SimCluster, model: str) -> list[dict]:
     return read_metrics(cluster.fsx / "logs" / model / "metrics.jsonl")
 
 
-def wait_for(what: str, condition, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:.0f} s")
-        time.sleep(interval)
-    return value
-
-
 def starts_after(records: list[dict], t: float) -> list[dict]:
     return [r for r in records if r.get("event") == "start" and r["time"] > t]
 
@@ -311,11 +303,11 @@ def calibrate(cluster: SimCluster, models: list[ModelSim], settings, scenario: S
             for model in models:
                 failed_at, node, kind = failed[model.name]
                 start = wait_for(f"{model.name}'s restart",
-                                 lambda: starts_after(metrics_of(cluster, model.name), failed_at), 300)[0]
+                                 lambda: starts_after(metrics_of(cluster, model.name), failed_at), 300, 0.2)[0]
                 calibration.recovery_wall.setdefault(model.name, {})[kind] = (start["time"] + scenario.wall(model.step_s)
                                                                              - failed_at)
                 back = wait_for(f"{node}'s replacement", lambda: [r for r in manager.lines() if r["node"] == node
-                                                                  and r["found"] >= failed_at and r.get("back")], 300)[0]
+                                                                  and r["found"] >= failed_at and r.get("back")], 300, 0.2)[0]
                 calibration.replacement_wall.append(back["back"] - failed_at)
     finally:
         finish(cluster, manager)

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from cli import ArgumentParser
+from monitoring.slurm import STATE_FLAGS as FLAGS  # sinfo's state suffixes
 
 CLUSTER_SH = Path(__file__).resolve().parents[1] / "cluster.sh"
-FLAGS = "*~#!%$@^-+"  # sinfo's state suffixes (not responding, powered down, ...)
 
 
 def failed_nodes() -> dict[str, tuple[str, str]]:

@@ -15,13 +15,14 @@ import shutil
 import subprocess
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
 import pytest
 
 from local_cluster import demo_data
+from local_cluster.client import wait_for
 from local_cluster.training_job import TrainingJob
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
@@ -49,15 +50,6 @@ def local_epoch(slurm_time: str) -> float:
 
 def utc(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def wait_for(what: str, check, timeout: float, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:.0f} s")
-        time.sleep(interval)
-    return result
 
 
 @pytest.fixture(scope="module")
