@@ -139,13 +139,16 @@ if part drill; then
   # A short training run, three times: uninterrupted; with the ranks of the last node killed after
   # the first checkpoint, then started again as the job's recovery would (it resumes from `latest`);
   # with one rank stopped (SIGSTOP), which the others must detect within the collective timeout.
+  # A signal lands seconds after the step it was aimed at (on a busy head node, tens of steps later):
+  # the runs are long enough that the kill comes before the end, and the stalled run saves nothing,
+  # so the stop lands in a training step (a save waits train.init_timeout_s for the slowest writer).
   step "drill: checkpoint, killed ranks, recovery; a stalled rank"
   data="$OUT/drill/data"
   python -m data_pipeline.sample_data "$data/raw" --files 2 --size-kb 300 >/dev/null
   python -m data_pipeline.tokenize run --input-dir "$data/raw/raw" --out "$data/tokenized" \
     --tokenizer "$data/raw/tokenizer" --seq-len 128 >/dev/null
   last_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1)"
-  drill_args=(--config "$JOBS_DIR/training/configs/tiny.yaml" "data.path=$data/tokenized" train.steps=12
+  drill_args=(--config "$JOBS_DIR/training/configs/tiny.yaml" "data.path=$data/tokenized" train.steps=40
     checkpoint.every=4 checkpoint.async_save=false log.interval=1 eval.every=0 data.num_workers=0
     train.timeout_s=30 train.watchdog_floor_s=15 train.parallelism=fsdp train.micro_batch_size=4 train.global_batch_size=32)
   run_dir() { echo "$OUT/drill/$1"; }
@@ -175,7 +178,7 @@ EOF
   at_step recovered 5 && signal_ranks KILL
   wait $! || true
   train recovered || true  # the job's recovery: the same command again, from `latest`
-  train stalled &
+  train stalled train.steps=100000 checkpoint.every=100000 &
   pid=$!
   at_step stalled 2 && { stopped=$EPOCHREALTIME; signal_ranks STOP; }
   wait "$pid" || true
