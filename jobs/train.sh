@@ -189,6 +189,9 @@ fi
 action="$(python -m training.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
 case $action in
   requeue)
+    # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored
+    # (children inherit it) so the limit's restore below is not cut off; SIGKILL only comes after KillWait.
+    trap '' TERM
     scontrol requeue "$SLURM_JOB_ID"
     # A limit Slurm cut to fit before a reservation (--time-min) stays cut across the requeue, and every
     # restart would stop as early; a pending job's owner may raise it again (up to the partition's

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from local_cluster import demo_data
+from local_cluster.client import wait_for
 from local_cluster.training_job import TrainingJob
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -124,7 +125,8 @@ def test_a_requeued_job_restarts_on_the_spare_and_a_node_failing_twice_is_quaran
         assert reason.startswith("quarantined, failure 2 since its last release (history /fsx/logs/node-health/history.tsv)")
         events = [(line[1], line[3]) for line in history(cluster)[lines_before:]]
         assert events == [(bad, "drain"), (spare, "drain"), (bad, "quarantine")]
-        assert slurm("squeue", "-h", "-j", job.id, "-o", "%T").strip() == "PENDING"  # neither node takes it
+        # The job that met the quarantine on its start is requeued (COMPLETING a moment), and neither node takes it.
+        wait_for("the job pending", lambda: slurm("squeue", "-h", "-j", job.id, "-o", "%T").strip() == "PENDING", 60, 0.5)
 
         for node in (bad, spare):
             (markers / node).unlink()
