@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,18 @@ class ModelJob:
     def state(self) -> str:
         return self.cluster.jobs(self.id)[0].get("JobState", "")
 
+    def cancel(self) -> None:
+        """scancel its job (the trainer saves and stops, as on a time limit) and wait for it to end."""
+        subprocess.run(["scancel", self.id], check=False)
+        self.cluster.wait(self.id, timeout=120)
+
+    def step_seconds(self) -> float:
+        """Median step time of its last ten logged steps."""
+        times = [r["step_time_s"] for r in self.records() if "step_time_s" in r][-10:]
+        if not times:
+            raise RuntimeError(f"{self.model} has logged no step time yet")
+        return statistics.median(times)
+
     def trainer(self) -> list[int]:
         """Every process of the trainer, torchrun and its descendants on every node, parents first."""
         children: dict[int, list[int]] = {}
@@ -219,6 +232,57 @@ def signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+class Throttle:
+    """Lets processes run ``duty`` of every second (SIGSTOP, then SIGCONT): a node that crawls, as one
+    whose GPUs slow their clocks does, without stopping."""
+
+    def __init__(self, pids: list[int], duty: float = 0.1):
+        self.pids, self.duty, self._stop = pids, duty, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        signal_all(self.pids, signal.SIGCONT)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            signal_all(self.pids, signal.SIGSTOP)
+            if self._stop.wait(1 - self.duty):
+                break
+            signal_all(self.pids, signal.SIGCONT)
+            self._stop.wait(self.duty)
+
+
+def node_names(nodes: str) -> list[str]:
+    """Slurm's node list (node[1-2]) as names."""
+    return subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def in_node(node: str, script: str) -> None:
+    """Run a shell ``script`` in ``node``'s mount namespace, where its slurmd and jobs see /fsx."""
+    pid = (BASE / f"run/slurmd-{node}.pid").read_text().strip()
+    subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", "sh", "-c", script], check=True)
+
+
+def fill_checkpoints(model: str) -> None:
+    """The model's checkpoint folder full, as its nodes see it: a 1 MiB tmpfs over it, filled."""
+    folder = f"/fsx/checkpoints/{model}"
+    for node in node_names(MODEL_NODES[model]):
+        in_node(node, f"mount -t tmpfs -o size=1m alert-drill {folder} && "
+                      f"(head -c 2097152 /dev/zero > {folder}/fill 2>/dev/null; true)")
+
+
+def free_checkpoints(model: str) -> None:
+    folder = f"/fsx/checkpoints/{model}"
+    for node in node_names(MODEL_NODES[model]):
+        in_node(node, f"while mountpoint -q {folder}; do umount -l {folder}; done")
 
 
 def gone(pid: int) -> bool:

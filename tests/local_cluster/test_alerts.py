@@ -5,12 +5,19 @@ Each drill injects a fault, waits for its alert, removes the fault and waits for
 seconds from fault to alert and from fix to clear go to .local_cluster/log/alert_timings.json and are
 printed at the end. Alerts whose rule waits minutes (`for`) while their fault would hold up the other
 drills are followed to Prometheus' pending state (their expression holds on the real cluster; the webhook
-then gets them `for` later); LOCAL_ALERTS_FULL=1 follows every one to the webhook (about 16 minutes).
+then gets them `for` later); LOCAL_ALERTS_FULL=1 follows them to the webhook (about 16 minutes). Three
+are followed to pending always: ModelBehindPlan and TrainingPendingTooLong wait 30 minutes, and a spike
+lasts only until the median of the last 20 metric lines has caught up with it (LossSpike waits 5).
 
-The drills run side by side where they do not interfere (three nodes, two cores):
+The drills run side by side where they do not interfere (three nodes, two cores); each model's in turn:
   model1 on node1+2   killed at every start (TrainingCrashLooping); left to recover; then its whole
-                      trainer stopped with SIGSTOP (TrainingStalled) and let go
-  model2 on node3     killed twice with MAX_RECOVERIES=1 (TrainingFailed); submitted again
+                      trainer stopped with SIGSTOP (TrainingStalled) and let go; its checkpoint folder
+                      full as its nodes see it (CheckpointStale) and freed; resubmitted with the steps
+                      that take 30 % of dev's one-day deadline and slowed tenfold (ModelBehindPlan)
+  model2 on node3     killed twice with MAX_RECOVERIES=1 (TrainingFailed); submitted again; resumed with
+                      a learning rate that overflows (LossNotFinite), restarted from scratch; resumed
+                      with one that jumps the loss (LossSpike), cancelled; submitted while an ops job
+                      holds its node (TrainingPendingTooLong), the ops job cancelled
   cluster             node3 drained (NodeDrained, and NodesDownAboveSpares: dev keeps no spare node),
                       slurmdbd stopped (AccountingDown), /fsx/data filled (FileSystemAlmostFull: a
                       tmpfs over the head node's view of it), XID 79 on a node1 GPU (GPUFatalXid)
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -36,9 +44,10 @@ from pathlib import Path
 import pytest
 
 from local_cluster import demo_data
-from local_cluster.alert_drills import (BASE, DETECT_S, FSX, MODEL_NODES, Killer, ModelJob, cleared, gone,
-                                        move_model_aside, notified, pending, prometheus_alerts, rule_waits,
-                                        signal_all, slurm_activity, wait_for)
+from local_cluster.alert_drills import (BASE, DETECT_S, FSX, MODEL_NODES, Killer, ModelJob, Throttle, cleared,
+                                        fill_checkpoints, free_checkpoints, gone, move_model_aside, notified,
+                                        pending, prometheus_alerts, rule_waits, signal_all, slurm_activity,
+                                        wait_for)
 
 pytestmark = pytest.mark.slurm
 
@@ -46,7 +55,7 @@ TIMINGS = BASE / "log/alert_timings.json"
 FULL = os.environ.get("LOCAL_ALERTS_FULL") == "1"
 STALL_FLOOR_S = 30  # dev's alerts.stall_floor_s
 FOR_S = rule_waits()
-WAIT_S = 1500 if FULL else 600  # the longest any drill may take, waits included
+WAIT_S = 1500 if FULL else 900  # the longest any drill may take, waits included
 TIMEOUT = pytest.mark.timeout(WAIT_S + 300)
 
 
@@ -69,6 +78,7 @@ class Drill:
     fix: str
     alerts: dict[str, dict[str, str]]  # alert -> labels it must carry
     to_webhook: bool
+    onset_s: float = 0  # how long after the fault its alert's expression may first hold (a job's start)
     timings: list[Timing] = field(default_factory=list)
 
     def run(self, inject, remove) -> list[Timing]:
@@ -88,9 +98,9 @@ class Drill:
 
     def _fired(self, name: str, labels: dict[str, str], since: float) -> tuple[float, str | None]:
         if self.to_webhook:
-            alert = notified(name, labels, "firing", since, FOR_S[name] + DETECT_S)
+            alert = notified(name, labels, "firing", since, self.onset_s + FOR_S[name] + DETECT_S)
             return alert["received"], alert["startsAt"]
-        return pending(name, labels, DETECT_S), None
+        return pending(name, labels, self.onset_s + DETECT_S), None
 
     def _resolved(self, name: str, labels: dict[str, str], since: float, starts_at: str | None) -> float:
         if self.to_webhook:
@@ -98,62 +108,150 @@ class Drill:
         return cleared(name, labels, DETECT_S)
 
 
-# --- the drills ----------------------------------------------------------------------------------
-def crash_loop_then_stall(cluster, saved: Path, results: dict[str, Future]) -> None:
+# --- the drills ---------------------------------------------------------------------------------
+# Each model's drills run in turn on its job (model1 on node1+2, model2 on node3), each returning its
+# timings; a drill that fails leaves the model's later drills not run.
+def in_turn(results: dict[str, Future], drills) -> None:
+    for i, (alert, drill) in enumerate(drills):
+        try:
+            results[alert].set_result(drill())
+        except BaseException as exc:
+            results[alert].set_exception(exc)
+            for later, _ in drills[i + 1:]:
+                results[later].set_exception(RuntimeError(f"not run: the {alert} drill failed first: {exc}"))
+            return
+
+
+def model1_drills(cluster, saved: Path, results: dict[str, Future]) -> None:
     job = ModelJob(cluster, "model1")
     try:
-        job.submit("train.steps=3000", MAX_RECOVERIES="20")
-        labels = {"model": "model1"}
-        with Killer(job) as killer:
-            first = killer.wait_kills(1, 120)
-            firing = notified("TrainingCrashLooping", labels, "firing", first, 3 * DETECT_S + FOR_S["TrainingCrashLooping"])
-        stopped = time.time()  # the next start trains
-        resolved = notified("TrainingCrashLooping", labels, "resolved", stopped, 2 * DETECT_S, firing["startsAt"])
-        starts = sum(1 for r in job.records() if r.get("event") == "launch")
-        results["TrainingCrashLooping"].set_result([Timing(
-            "TrainingCrashLooping", labels, f"model1's workers killed at each of its first {starts} starts",
-            "workers left alone: the next requeue trains", FOR_S["TrainingCrashLooping"], "webhook",
-            firing["received"] - first, resolved["received"] - stopped)])
-    except BaseException as exc:
-        results["TrainingCrashLooping"].set_exception(exc)
-        results["TrainingStalled"].set_exception(RuntimeError(f"not run: the crash loop drill failed first: {exc}"))
-        job.finish(saved)
-        return
-    try:
-        wait_for("model1 training after its recovery", lambda: True if job.steps_since(stopped) >= 5 else None, 120, 0.5)
-        tree = job.trainer()
-        assert tree, f"no trainer processes of job {job.id}"
-        drill = Drill("model1's trainer stopped (SIGSTOP to torchrun and every worker, watchdog included)",
-                      "SIGCONT", {"TrainingStalled": labels}, to_webhook=True)
-
-        results["TrainingStalled"].set_result(drill.run(lambda: signal_all(tree, signal.SIGSTOP),
-                                                        lambda: signal_all(tree, signal.SIGCONT)))
-    except BaseException as exc:
-        results["TrainingStalled"].set_exception(exc)
+        in_turn(results, [("TrainingCrashLooping", lambda: crash_loop(job)),
+                          ("TrainingStalled", lambda: stall(job)),
+                          ("CheckpointStale", lambda: checkpoints_stop_landing(job)),
+                          ("ModelBehindPlan", lambda: crawling(job))])
     finally:
         job.finish(saved)
 
 
-def retry_budget_spent(cluster, saved: Path, results: dict[str, Future]) -> None:
+def model2_drills(cluster, saved: Path, results: dict[str, Future]) -> None:
     job = ModelJob(cluster, "model2")
     try:
-        job.submit("train.steps=3000", MAX_RECOVERIES="1")
-        labels = {"model": "model2", "reason": "retry budget spent"}
-        with Killer(job) as killer:
-            spent = killer.wait_kills(2, 240)  # the first start, then the one requeue the budget allows
-            wait_for(f"model2's job {job.id} to fail", lambda: True if job.state() == "FAILED" else None, 120)
-        firing = notified("TrainingFailed", labels, "firing", spent, FOR_S["TrainingFailed"] + DETECT_S)
-        fixed = time.time()
-        job.submit("train.steps=3000")
-        resolved = notified("TrainingFailed", labels, "resolved", fixed, DETECT_S, firing["startsAt"])
-        results["TrainingFailed"].set_result([Timing(
-            "TrainingFailed", labels, "model2 with MAX_RECOVERIES=1 killed at its start and at its requeue",
-            "submitted again", FOR_S["TrainingFailed"], "webhook", firing["received"] - spent,
-            resolved["received"] - fixed)])
-    except BaseException as exc:
-        results["TrainingFailed"].set_exception(exc)
+        in_turn(results, [("TrainingFailed", lambda: retry_budget_spent(job)),
+                          ("LossNotFinite", lambda: diverged(job)),
+                          ("LossSpike", lambda: loss_spike(job)),
+                          ("TrainingPendingTooLong", lambda: held_by_another_job(job))])
     finally:
         job.finish(saved)
+
+
+def crash_loop(job: ModelJob) -> list[Timing]:
+    job.submit("train.steps=3000", MAX_RECOVERIES="20")
+    labels = {"model": "model1"}
+    with Killer(job) as killer:
+        first = killer.wait_kills(1, 120)
+        firing = notified("TrainingCrashLooping", labels, "firing", first, 3 * DETECT_S + FOR_S["TrainingCrashLooping"])
+    stopped = time.time()  # the next start trains
+    resolved = notified("TrainingCrashLooping", labels, "resolved", stopped, 2 * DETECT_S, firing["startsAt"])
+    starts = sum(1 for r in job.records() if r.get("event") == "launch")
+    return [Timing("TrainingCrashLooping", labels, f"model1's workers killed at each of its first {starts} starts",
+                   "workers left alone: the next requeue trains", FOR_S["TrainingCrashLooping"], "webhook",
+                   firing["received"] - first, resolved["received"] - stopped)]
+
+
+def stall(job: ModelJob) -> list[Timing]:
+    since = time.time()
+    wait_for("model1 training after its recovery", lambda: True if job.steps_since(since) >= 5 else None, 120, 0.5)
+    tree = job.trainer()
+    assert tree, f"no trainer processes of job {job.id}"
+    drill = Drill("model1's trainer stopped (SIGSTOP to torchrun and every worker, watchdog included)",
+                  "SIGCONT", {"TrainingStalled": {"model": "model1"}}, to_webhook=True)
+    return drill.run(lambda: signal_all(tree, signal.SIGSTOP), lambda: signal_all(tree, signal.SIGCONT))
+
+
+def checkpoints_stop_landing(job: ModelJob) -> list[Timing]:
+    """The trainer skips a periodic save that does not fit (and goes on training): `latest` grows old."""
+    since = time.time()
+    wait_for("model1 training after the stall", lambda: True if job.steps_since(since) >= 5 else None, 120, 0.5)
+    drill = Drill("model1's checkpoint folder full as its nodes see it (a full 1 MiB tmpfs over it on node1 "
+                  "and node2): every periodic save skipped, training goes on", "unmounted: the next save lands",
+                  {"CheckpointStale": {"model": "model1"}}, to_webhook=True,
+                  onset_s=3 * job.step_seconds() * 20)  # two intervals of checkpoint.every: 20, and one more
+    return drill.run(lambda: fill_checkpoints("model1"), lambda: free_checkpoints("model1"))
+
+
+def crawling(job: ModelJob) -> list[Timing]:
+    """dev's deadline is a day from the model's first launch; the run is resubmitted with the steps that
+    take 30 % of that at its own step time, then slowed about tenfold."""
+    steps = int(0.3 * 86400 / job.step_seconds())
+    job.cancel()
+    since = time.time()
+    job.submit(f"train.steps={steps}")
+    wait_for(f"model1 training {steps} steps", lambda: True if job.steps_since(since) >= 10 else None, 180, 0.5)
+    throttle = Throttle(job.trainer(), duty=0.1)
+    drill = Drill(f"model1 ({steps} steps, 30 % of its deadline at full speed) running 0.1 s of every second "
+                  "(SIGSTOP/SIGCONT to its trainer): its ETA passes the deadline", "full speed again",
+                  {"ModelBehindPlan": {"model": "model1"}}, to_webhook=False)
+    return drill.run(throttle.start, throttle.stop)
+
+
+def retry_budget_spent(job: ModelJob) -> list[Timing]:
+    job.submit("train.steps=3000", MAX_RECOVERIES="1")
+    labels = {"model": "model2", "reason": "retry budget spent"}
+    with Killer(job) as killer:
+        spent = killer.wait_kills(2, 240)  # the first start, then the one requeue the budget allows
+        wait_for(f"model2's job {job.id} to fail", lambda: True if job.state() == "FAILED" else None, 120)
+    firing = notified("TrainingFailed", labels, "firing", spent, FOR_S["TrainingFailed"] + DETECT_S)
+    fixed = time.time()
+    job.submit("train.steps=3000")
+    resolved = notified("TrainingFailed", labels, "resolved", fixed, DETECT_S, firing["startsAt"])
+    return [Timing("TrainingFailed", labels, "model2 with MAX_RECOVERIES=1 killed at its start and at its requeue",
+                   "submitted again", FOR_S["TrainingFailed"], "webhook", firing["received"] - spent,
+                   resolved["received"] - fixed)]
+
+
+def diverged(job: ModelJob) -> list[Timing]:
+    """A learning rate far too high: the weights overflow within a few steps and every loss after is NaN."""
+    job.cancel()
+
+    def fix():
+        job.cancel()
+        shutil.rmtree(FSX / "checkpoints/model2")  # every checkpoint since the fault holds NaN weights
+        job.submit("train.steps=3000")
+    drill = Drill("model2 resumed with optim.lr=1000 and no warm-up: NaN within a few steps",
+                  "cancelled, its checkpoints removed, submitted again with its own learning rate",
+                  {"LossNotFinite": {"model": "model2"}}, to_webhook=True, onset_s=DETECT_S)
+    return drill.run(lambda: job.submit("train.steps=3000", "optim.lr=1000", "optim.min_lr=0", "optim.warmup_steps=0"),
+                     fix)
+
+
+def loss_spike(job: ModelJob) -> list[Timing]:
+    """The loss jumps far above the median of the losses logged before (a learning rate raised on resume).
+    The median catches up within ten metric lines, so the lines come every 25 steps (about a minute)."""
+    since = time.time()
+    wait_for("model2's loss baseline (25 steps after its restart)",
+             lambda: True if job.steps_since(since) >= 25 else None, 180, 0.5)
+    cleared("LossSpike", {"model": "model2"}, DETECT_S)  # the restart from scratch is above the old baseline
+    job.cancel()
+    drill = Drill("model2 resumed with optim.lr=3 (1,000 x its own): the loss jumps 10-500 x",
+                  "cancelled (an operator goes back to the checkpoint before the spike)",
+                  {"LossSpike": {"model": "model2"}}, to_webhook=False, onset_s=DETECT_S)
+    return drill.run(lambda: job.submit("train.steps=3000", "optim.lr=3", "optim.warmup_steps=0", "log.interval=25"),
+                     job.cancel)
+
+
+def held_by_another_job(job: ModelJob) -> list[Timing]:
+    """The model's node held by another account's job: the model's job pends (Resources), none runs."""
+    blocker = subprocess.run(["sbatch", "--parsable", "--account=ops", "--qos=ops", "--nodelist=node3", "--exclusive",
+                              "--job-name=alert-drill-blocker", "--output=/dev/null", "--wrap", "sleep 900"],
+                             capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        wait_for(f"ops job {blocker} running on node3",
+                 lambda: True if job.cluster.jobs(blocker)[0].get("JobState") == "RUNNING" else None, 60, 0.5)
+        drill = Drill("model2 submitted while an ops job holds its node (node3)", "the ops job cancelled",
+                      {"TrainingPendingTooLong": {"model": "model2"}}, to_webhook=False)
+        return drill.run(lambda: job.submit("train.steps=3000"), lambda: subprocess.run(["scancel", blocker], check=True))
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
 
 
 def gpu_xid(results: dict[str, Future]) -> None:
@@ -230,7 +328,8 @@ def head_node_unhealthy(cluster, results: dict[str, Future]) -> None:
         results["HeadNodeUnhealthy"].set_exception(exc)
 
 
-ALERTS = ("TrainingCrashLooping", "TrainingStalled", "TrainingFailed", "GPUFatalXid", "NodeDrained",
+ALERTS = ("TrainingCrashLooping", "TrainingStalled", "CheckpointStale", "ModelBehindPlan", "TrainingFailed",
+          "LossNotFinite", "LossSpike", "TrainingPendingTooLong", "GPUFatalXid", "NodeDrained",
           "NodesDownAboveSpares", "AccountingDown", "FileSystemAlmostFull", "HeadNodeUnhealthy")
 
 
@@ -241,8 +340,7 @@ def run_all(cluster, saved: Path, results: dict[str, Future]) -> None:
         return thread
 
     cluster_drills = (gpu_xid, node_drained, accounting_down, file_system_full)
-    training = [start(crash_loop_then_stall, cluster, saved / "model1"),
-                start(retry_budget_spent, cluster, saved / "model2")]
+    training = [start(model1_drills, cluster, saved / "model1"), start(model2_drills, cluster, saved / "model2")]
     # Quick here (pending is enough); followed to the webhook they hold node3 and slurmdbd for minutes,
     # so then they wait for the training drills.
     if FULL:
@@ -291,8 +389,11 @@ def drills(slurm_cluster, request):
 
 
 def leave_as_found(cluster) -> None:
-    """Whatever a failed drill left: no fault file, node3 in service, /fsx/data unmounted, every daemon up."""
+    """Whatever a failed drill left: no fault file, no blocking job, node3 in service, /fsx/data and model1's
+    checkpoints unmounted, every daemon up."""
     (FSX / ".node-health/node1.xid").unlink(missing_ok=True)
+    subprocess.run(["scancel", "--name=alert-drill-blocker"], check=False)
+    free_checkpoints("model1")
     subprocess.run(["scontrol", "update", "nodename=node3", "state=resume"], capture_output=True, check=False)
     while subprocess.run(["mountpoint", "-q", str(FSX / "data")]).returncode == 0:
         subprocess.run(["umount", "-l", str(FSX / "data")], check=True)
@@ -317,9 +418,36 @@ def test_stalled_job_alerts_and_clears_when_it_goes_on(drills):
 
 
 @TIMEOUT
+def test_checkpoints_that_stop_landing_alert_and_clear_with_the_next_save(drills):
+    [timing] = result(drills, "CheckpointStale")
+    assert timing.fired_s >= FOR_S["CheckpointStale"]
+
+
+@TIMEOUT
+def test_a_model_slowed_past_its_deadline_is_seen_behind_plan(drills):
+    assert result(drills, "ModelBehindPlan")
+
+
+@TIMEOUT
 def test_spent_retry_budget_alerts_and_clears_on_resubmission(drills):
     [timing] = result(drills, "TrainingFailed")
     assert timing.fired_s >= FOR_S["TrainingFailed"]
+
+
+@TIMEOUT
+def test_a_diverged_loss_alerts_at_once_and_clears_when_training_restarts(drills):
+    [timing] = result(drills, "LossNotFinite")
+    assert timing.fired_s < 2 * DETECT_S  # the job's start, a few steps, then no `for`
+
+
+@TIMEOUT
+def test_a_loss_spike_is_seen(drills):
+    assert result(drills, "LossSpike")
+
+
+@TIMEOUT
+def test_a_job_held_pending_is_seen(drills):
+    assert result(drills, "TrainingPendingTooLong")
 
 
 @TIMEOUT
