@@ -10,7 +10,7 @@
 #                          127.0.0.1:$RECEIVER_PORT, writing $LOGS/alerts.jsonl and alerts.log
 #   node1..node3           in the node's network namespace, on its own address: the node exporter (:9100)
 #                          and the DCGM exporter's stand-in (:9400, local_cluster/stand_ins/dcgm_exporter.py),
-#                          whose faults are injected through $FSX/.node-health/<node>.xid ("GPU XID" lines)
+#                          whose faults are injected through $FSX/.node-health/<node>.xid ("GPU XID", "GPU temp C" lines)
 # Each daemon has a pid file in $RUN and a log in $LOGS, like the Slurm daemons.
 
 MONITORING="$BASE/monitoring"

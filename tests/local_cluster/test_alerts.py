@@ -20,7 +20,8 @@ The drills run side by side where they do not interfere (three nodes, two cores)
                       holds its node (TrainingPendingTooLong), the ops job cancelled
   cluster             node3 drained (NodeDrained, and NodesDownAboveSpares: dev keeps no spare node),
                       slurmdbd stopped (AccountingDown), /fsx/data filled (FileSystemAlmostFull: a
-                      tmpfs over the head node's view of it), XID 79 on a node1 GPU (GPUFatalXid)
+                      tmpfs over the head node's view of it), XID 79 on a node1 GPU (GPUFatalXid), a
+                      node2 GPU at 91 C (GPUTemperatureHigh; both through the DCGM stand-in)
   last, alone         the head node's node exporter stopped (HeadNodeUnhealthy), which takes every
                       training metric with it
 The models write where the exporter reads (/fsx/logs/<model>, /fsx/checkpoints/<model>); what was there
@@ -265,6 +266,17 @@ def gpu_xid(results: dict[str, Future]) -> None:
         results["GPUFatalXid"].set_exception(exc)
 
 
+def gpu_hot(results: dict[str, Future]) -> None:
+    marker = FSX / ".node-health/node2.xid"
+    drill = Drill("node2's GPU 2 at 91 C, through the DCGM stand-in", "fault file removed",
+                  {"GPUTemperatureHigh": {"Hostname": "node2", "gpu": "2"}}, to_webhook=FULL)
+    try:
+        results["GPUTemperatureHigh"].set_result(drill.run(lambda: marker.write_text("2 temp 91\n"),
+                                                           lambda: marker.unlink(missing_ok=True)))
+    except BaseException as exc:
+        results["GPUTemperatureHigh"].set_exception(exc)
+
+
 def node_drained(results: dict[str, Future]) -> None:
     drill = Drill("scontrol update nodename=node3 state=drain", "state=resume",
                   {"NodeDrained": {"node": "node3"}, "NodesDownAboveSpares": {}}, to_webhook=FULL)
@@ -329,7 +341,7 @@ def head_node_unhealthy(cluster, results: dict[str, Future]) -> None:
 
 
 ALERTS = ("TrainingCrashLooping", "TrainingStalled", "CheckpointStale", "ModelBehindPlan", "TrainingFailed",
-          "LossNotFinite", "LossSpike", "TrainingPendingTooLong", "GPUFatalXid", "NodeDrained",
+          "LossNotFinite", "LossSpike", "TrainingPendingTooLong", "GPUFatalXid", "GPUTemperatureHigh", "NodeDrained",
           "NodesDownAboveSpares", "AccountingDown", "FileSystemAlmostFull", "HeadNodeUnhealthy")
 
 
@@ -339,7 +351,7 @@ def run_all(cluster, saved: Path, results: dict[str, Future]) -> None:
         thread.start()
         return thread
 
-    cluster_drills = (gpu_xid, node_drained, accounting_down, file_system_full)
+    cluster_drills = (gpu_xid, gpu_hot, node_drained, accounting_down, file_system_full)
     training = [start(model1_drills, cluster, saved / "model1"), start(model2_drills, cluster, saved / "model2")]
     # Quick here (pending is enough); followed to the webhook they hold node3 and slurmdbd for minutes,
     # so then they wait for the training drills.
@@ -389,9 +401,10 @@ def drills(slurm_cluster, request):
 
 
 def leave_as_found(cluster) -> None:
-    """Whatever a failed drill left: no fault file, no blocking job, node3 in service, /fsx/data and model1's
+    """Whatever a failed drill left: no fault files, no blocking job, node3 in service, /fsx/data and model1's
     checkpoints unmounted, every daemon up."""
-    (FSX / ".node-health/node1.xid").unlink(missing_ok=True)
+    for node in ("node1", "node2"):
+        (FSX / f".node-health/{node}.xid").unlink(missing_ok=True)
     subprocess.run(["scancel", "--name=alert-drill-blocker"], check=False)
     free_checkpoints("model1")
     subprocess.run(["scontrol", "update", "nodename=node3", "state=resume"], capture_output=True, check=False)
@@ -454,6 +467,11 @@ def test_a_job_held_pending_is_seen(drills):
 def test_fatal_gpu_xid_alerts_at_once(drills):
     [timing] = result(drills, "GPUFatalXid")
     assert timing.fired_s < DETECT_S
+
+
+@TIMEOUT
+def test_a_hot_gpu_is_seen(drills):
+    assert result(drills, "GPUTemperatureHigh")
 
 
 @TIMEOUT
