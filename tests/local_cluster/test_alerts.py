@@ -5,7 +5,7 @@ Each drill injects a fault, waits for its alert, removes the fault and waits for
 seconds from fault to alert and from fix to clear go to .local_cluster/log/alert_timings.json and are
 printed at the end. Alerts whose rule waits minutes (`for`) while their fault would hold up the other
 drills are followed to Prometheus' pending state (their expression holds on the real cluster; the webhook
-then gets them `for` later); LOCAL_ALERTS_FULL=1 follows them to the webhook (about 16 minutes). Three
+then gets them `for` later); LOCAL_ALERTS_FULL=1 follows them to the webhook (about 17 minutes). Three
 are followed to pending always: ModelBehindPlan and TrainingPendingTooLong wait 30 minutes, and a spike
 lasts only until the median of the last 20 metric lines has caught up with it (LossSpike waits 5).
 
