@@ -40,6 +40,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -255,26 +256,21 @@ def held_by_another_job(job: ModelJob) -> list[Timing]:
         subprocess.run(["scancel", blocker], check=False)
 
 
-def gpu_xid(results: dict[str, Future]) -> None:
-    marker = FSX / ".node-health/node1.xid"
-    drill = Drill("XID 79 (fallen off the bus) on node1's GPU 3, through the DCGM stand-in", "fault file removed",
-                  {"GPUFatalXid": {"Hostname": "node1", "gpu": "3"}}, to_webhook=True)
+def gpu_fault(alert: str, node: str, gpu: str, line: str, what: str, to_webhook: bool,
+              results: dict[str, Future]) -> None:
+    """A fault ``line`` for the node's DCGM stand-in (its fault file), removed as the fix."""
+    marker = FSX / f".node-health/{node}.xid"
+    drill = Drill(f"{what} on {node}'s GPU {gpu}, through the DCGM stand-in", "fault file removed",
+                  {alert: {"Hostname": node, "gpu": gpu}}, to_webhook=to_webhook)
     try:
-        results["GPUFatalXid"].set_result(drill.run(lambda: marker.write_text("3 79\n"),
-                                                    lambda: marker.unlink(missing_ok=True)))
+        results[alert].set_result(drill.run(lambda: marker.write_text(line + "\n"),
+                                            lambda: marker.unlink(missing_ok=True)))
     except BaseException as exc:
-        results["GPUFatalXid"].set_exception(exc)
+        results[alert].set_exception(exc)
 
 
-def gpu_hot(results: dict[str, Future]) -> None:
-    marker = FSX / ".node-health/node2.xid"
-    drill = Drill("node2's GPU 2 at 91 C, through the DCGM stand-in", "fault file removed",
-                  {"GPUTemperatureHigh": {"Hostname": "node2", "gpu": "2"}}, to_webhook=FULL)
-    try:
-        results["GPUTemperatureHigh"].set_result(drill.run(lambda: marker.write_text("2 temp 91\n"),
-                                                           lambda: marker.unlink(missing_ok=True)))
-    except BaseException as exc:
-        results["GPUTemperatureHigh"].set_exception(exc)
+gpu_xid = partial(gpu_fault, "GPUFatalXid", "node1", "3", "3 79", "XID 79 (fallen off the bus)", True)
+gpu_hot = partial(gpu_fault, "GPUTemperatureHigh", "node2", "2", "2 temp 91", "91 C", FULL)
 
 
 def node_drained(results: dict[str, Future]) -> None:
