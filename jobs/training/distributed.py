@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -26,6 +27,8 @@ from torch.distributed.tensor import parallel as tensor_parallel
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 from torch.nn.parallel import DistributedDataParallel
+
+from .config import ConfigError
 
 
 @dataclass
@@ -55,6 +58,12 @@ def init(timeout_s: int) -> Dist:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # single-process runs without torchrun
     os.environ.setdefault("MASTER_PORT", "29500")
     if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:  # CUDA's own error ("invalid device ordinal") names neither cause nor fix
+            raise ConfigError(f"local rank {local_rank} has no GPU: this node shows {gpus} "
+                              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start at "
+                              f"most {gpus} processes per node (torchrun --nproc-per-node), or hide the GPUs "
+                              "(CUDA_VISIBLE_DEVICES=) to run every rank on the CPU")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"
@@ -76,6 +85,19 @@ def set_timeout(d: Dist, timeout_s: int) -> None:
     d.timeout = timedelta(seconds=timeout_s)
     for group in d.groups:
         dist.distributed_c10d._set_pg_timeout(d.timeout, group)
+
+
+@contextlib.contextmanager
+def collective_timeout(d: Dist, timeout_s: int):
+    """The training collectives' timeout is ``timeout_s`` inside, then what it was: for a known slow
+    collective after start-up (the first evaluation compiles every layer again, for eval mode)."""
+    before = d.timeout
+    set_timeout(d, timeout_s)
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_timeout(d, int(before.total_seconds()))
 
 
 def shutdown() -> None:
@@ -177,8 +199,8 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     mixed_precision = d.on_gpu if mixed_precision is None else mixed_precision
     compile = (train.compile if train.compile is not None else d.on_gpu) if compile is None else compile
     layers = model.model.layers
-    if train.async_tp:  # the compiled layers fuse each all-gather/reduce-scatter with its matmul (torchtitan's switch)
-        torch._inductor.config._micro_pipeline_tp = True
+    if train.async_tp:
+        enable_async_tp(mesh)
     if train.tensor_parallel > 1:
         parallelize_module(model, mesh["tp"], MODEL_PLAN)
         parallelize_module(layers[0], mesh["tp"], SPLIT_SEQUENCE)
@@ -205,6 +227,20 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     fully_shard([model.model.norm, model.lm_head], **kwargs, reshard_after_forward=False)
     fully_shard(model, **kwargs)
     return model
+
+
+def enable_async_tp(mesh: DeviceMesh) -> None:
+    """Let the compiled layers fuse each tensor-parallel all-gather / reduce-scatter with its matmul.
+
+    Two switches, as torchtitan sets them: inductor's micro-pipeline pass, and symmetric memory for the
+    tensor-parallel group, without which the pass finds no buffers to overlap and silently does nothing.
+    """
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    with warnings.catch_warnings():  # torch 2.13 calls it deprecated, yet its pass still checks for it
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_symm_mem_for_group(mesh["tp"].get_group().group_name)
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

@@ -49,7 +49,10 @@ from .config import Config, ConfigError, load_config, read_config_file
 from .models import llama_config
 
 GIB = 1024**3
-RUNTIME_GIB = 3.0  # CUDA context (~0.6), cuBLAS/cuDNN workspaces (~0.5), NCCL channel buffers (~1-2)
+# CUDA context, library workspaces and NCCL's buffers, outside torch's allocator. Measured on one H100
+# (benchmarks/results/gpu_check_H100): context 0.60 GiB, cuBLAS 0.03, one NCCL communicator of 1 rank 0.55;
+# the rest is the estimate for a layout's several communicators with peers (~0.5-1.6 GiB each, reported).
+RUNTIME_GIB = 3.0
 HEADROOM = 0.15  # of the GPU's memory left free: fragmentation, spikes, what the model cannot see
 DEFAULT_VOCAB = 32000  # Llama-2's tokenizer: the production configs' vocabulary
 
@@ -257,8 +260,10 @@ def analytic_activation_bytes(model_config, micro_batch_size: int, seq_len: int)
 
 
 def _attention_workspace(model_config, cfg: Config) -> int:
-    """The CUDA flash backward's fp32 query-gradient accumulator for one layer (b x s x hidden x 4 B)."""
-    return cfg.train.micro_batch_size * cfg.data.seq_len * model_config.hidden_size * 4
+    """The CUDA flash backward's fp32 query-gradient accumulator for one layer (b x s x hidden x 4 B), of
+    this rank's heads: tensor parallel splits the heads over its ranks."""
+    heads_width = model_config.hidden_size // cfg.train.tensor_parallel
+    return cfg.train.micro_batch_size * cfg.data.seq_len * heads_width * 4
 
 
 _MEASURE = r"""

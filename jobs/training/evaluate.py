@@ -39,6 +39,7 @@ class Evaluator:
         share = self.loader.batches_per_epoch  # the same on every rank: the loader splits evenly
         self.batches = min(cfg.eval.batches, share) if cfg.eval.batches else share
         self._start = self.loader.state_dict()  # batch 0 of this rank's share
+        self.evaluations = 0  # done so far by this process (the first one compiles the layers for eval mode)
 
     def due(self, step: int) -> bool:
         """At every ``eval.every`` steps and at the end of training (not on a stop: the resumed run will)."""
@@ -65,5 +66,6 @@ class Evaluator:
         dist.all_reduce(totals)
         totals /= self.cfg.train.tensor_parallel  # the ranks of one tensor-parallel group scored the same tokens
         loss = (totals[0] / totals[1]).item()
+        self.evaluations += 1
         return {"val_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "val_tokens": int(totals[1].item()),
                 "eval_s": time.perf_counter() - start}

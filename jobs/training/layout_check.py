@@ -275,7 +275,9 @@ def predicted_memory(cfg: Config, layers: int, world_size: int, gpu_memory_gib: 
     config["train"].update(compile=False, async_tp=False)
     args = json.dumps({"config": config, "layers": layers, "world_size": world_size,
                        "gpu_memory_gib": gpu_memory_gib, "vocab_size": cfg.model.vocab_size})
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # The jobs folder first; what the caller's path adds (packages installed beside the interpreter's) after it.
+    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     out = subprocess.run([sys.executable, "-c", _PREDICT, args], env=env, capture_output=True, text=True, check=False)
@@ -407,7 +409,8 @@ def checks(name: str, r: dict, gpu: bool) -> list[Check]:
                          acceptance.mfu(name, r["tokens_per_s_per_gpu"], r["flops_per_token"], r["peak_flops"],
                                         r["expected_mfu"]),
                          acceptance.compile_matches_eager(name, r["compiled_losses"], r["eager_losses"])]
-    result += [Check.no_gpu(f"{layout}: peak GPU memory vs dry run", f"within {acceptance.MEMORY_TOLERANCE:.0%}",
+    result += [Check.no_gpu(f"{layout}: peak GPU memory vs dry run",
+                            f"-{acceptance.MEMORY_CONSERVATIVE:.0%} to +{acceptance.MEMORY_TOLERANCE:.0%}",
                             acceptance.MEMORY_SOURCE),
                Check.no_gpu(f"{layout}: MFU vs plan", f">= {acceptance.MFU_MIN_RATIO:.0%} of the plan",
                             acceptance.MFU_SOURCE)]
@@ -454,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or (Path(args.recipe).stem if args.recipe else cfg.model.preset)
     compile_check = torch.cuda.is_available() if args.compile_check is None else args.compile_check
 
-    d = distributed.init(cfg.train.init_timeout_s)
+    try:
+        d = distributed.init(cfg.train.init_timeout_s)
+    except ConfigError as exc:  # more ranks than GPUs
+        return fail(exc)
     logging.basicConfig(level=logging.INFO if d.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     record = describe(cfg, d, name, args, shrunk)

@@ -1,8 +1,9 @@
 """Per-interval training metrics, computed in one place, written to the log, TensorBoard and JSONL.
 
-Per log interval: loss, learning rate, grad norm, tokens/s (per device and total), MFU (GPU only,
-against the device's dense bf16 peak), data-wait share (time blocked fetching the next batch over
-step time), checkpoint blocking time, and memory (GPU: peak allocated; CPU: resident set). The log
+Per log interval: loss, learning rate, grad norm, tokens/s (per device and total) and MFU (GPU only,
+against the device's dense bf16 peak) over the interval's training time (checkpoint blocking and
+evaluation left out), data-wait share (time blocked fetching the next batch over step time),
+checkpoint blocking time, and memory (GPU: the interval's peak allocated; CPU: peak resident set). The log
 line starts with ``step N/total`` and ends with the run's elapsed time and ETA; the samples
 checksum (which data rank 0 saw, for the exact-resume tests) goes to metrics.jsonl only, as does
 the ``time`` (epoch seconds) of every line there: the head node's exporter tells a stall by it.
@@ -35,8 +36,12 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def memory_gib(device: torch.device) -> float:
+    """GPU: the most the allocator handed out since the last call (the interval's peak: start-up and
+    compile transients leave the figure once their interval is logged). CPU: the process's peak resident set."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
@@ -85,7 +90,9 @@ class Metrics:
     def emit(self, step: int, *, loss: float, lr: float, grad_norm: float) -> dict:
         """Summarize the interval since the last emit (step = optimizer steps done) and reset."""
         # Wall time of the interval, not summed per-step timers: on a GPU the host runs ahead of
-        # the device, and only the interval's end (loss.item()) is a synchronization point.
+        # the device, and only the interval's end (loss.item()) is a synchronization point. Training
+        # time leaves out what is not training, as evaluation is left out (emit_eval): checkpoint
+        # blocking is reported beside it, and goodput counts it.
         elapsed = self.clock() - self.interval_start
         train_time = max(elapsed - self.checkpoint_block, 1e-9)
         tokens = self.tokens_per_step * self.steps
@@ -94,8 +101,8 @@ class Metrics:
             "loss": loss,
             "lr": lr,
             "grad_norm": grad_norm,
-            "tokens_per_s": tokens / elapsed,
-            "tokens_per_s_per_device": tokens / elapsed / self.world_size,
+            "tokens_per_s": tokens / train_time,
+            "tokens_per_s_per_device": tokens / train_time / self.world_size,
             "step_time_s": train_time / max(self.steps, 1),
             "data_wait_pct": 100 * self.data_wait / train_time,
             "checkpoint_block_s": self.checkpoint_block,

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from . import distributed
 from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
+from .determinism import set_determinism
 from .evaluate import Evaluator
 from .metrics import Metrics
 from .models import build_model, compute_loss, count_parameters, flops_per_token, init_weights, llama_config
@@ -75,12 +76,13 @@ class Trainer:
         # A rank with no step within the window dumps its stacks and exits, so the job recovers.
         self.watchdog = ProgressWatchdog(log_dir=cfg.log.dir, rank=d.rank, init_timeout_s=cfg.train.init_timeout_s,
                                          floor_s=cfg.train.watchdog_floor_s, factor=cfg.train.watchdog_factor,
-                                         failure_file=os.environ.get("TRAIN_FAILURE_FILE")).start()
+                                         failure_file=os.environ.get("TRAIN_FAILURE_FILE"), on_gpu=d.on_gpu).start()
         if d.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
 
         if cfg.train.async_tp and not d.on_gpu:
             raise ConfigError("train.async_tp needs GPUs (symmetric memory over NVLink); set train.async_tp: false here")
+        set_determinism(cfg.train.deterministic)  # before the first matmul: cuBLAS reads its setting then
         meta = read_dataset_meta(cfg.data.path)
         vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
         check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)
@@ -134,7 +136,11 @@ class Trainer:
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item())
             if self.evaluator and self.evaluator.due(self.step):
-                with self.watchdog.allow(cfg.train.init_timeout_s):  # an evaluation is no training step
+                # An evaluation is no training step; the first one compiles every layer again (eval mode),
+                # so its collectives get the start-up timeout, as the watchdog gives it the start-up window.
+                first = self.evaluator.evaluations == 0
+                with (self.watchdog.allow(cfg.train.init_timeout_s),
+                      distributed.collective_timeout(d, cfg.train.init_timeout_s) if first else contextlib.nullcontext()):
                     result = self.evaluator.evaluate(self.model)
                 metrics.emit_eval(self.step, result, result["eval_s"])
             due = self.step % cfg.checkpoint.every == 0 or last
@@ -256,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         _report_user_error(f"config error: {exc}")
         return fail(exc, "see --help for every key")
     faulthandler.enable(all_threads=True)  # a crash or an abort (NCCL timeout) prints every thread's stack
-    d = distributed.init(cfg.train.init_timeout_s)
+    try:
+        d = distributed.init(cfg.train.init_timeout_s)
+    except ConfigError as exc:  # more ranks than GPUs
+        _report_user_error(str(exc))
+        return fail(exc)
     logging.basicConfig(level=logging.INFO if d.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     try:

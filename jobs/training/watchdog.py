@@ -6,10 +6,13 @@ When no step completes within the window, the rank
   1. writes ``hang_<job>_rank<r>.txt`` in the model's log folder: what it waited for and the Python
      stack of every thread (faulthandler), which shows where it hung: a collective, the data
      loader, a checkpoint write;
-  2. dumps the flight recorder (the last collectives this rank issued and their state; NCCL on
-     GPUs, gloo on CPUs; on when TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0, as
-     jobs/train.sh sets) to ``fr_trace_<job>_rank<r>.pkl`` beside it: compare the ranks' last
-     collectives with ``python -m torch.distributed.flight_recorder.fr_trace <log folder>``;
+  2. dumps the flight recorders (the last collectives this rank issued and their state; on when
+     TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE > 0, as jobs/train.sh sets) beside it. NCCL
+     and gloo record into two separate recorders: the training collectives' one (NCCL on GPUs, where
+     FSDP and tensor parallel hang; gloo on CPUs) goes to ``fr_trace_<job>_rank<r>.pkl``, and on GPUs
+     gloo's (the stop vote, the loss mean, the checkpoint writer) to ``fr_control_<job>_rank<r>.pkl``.
+     Compare the ranks' last collectives with
+     ``python -m torch.distributed.flight_recorder.fr_trace --prefix fr_trace_<job>_rank <log folder>``;
   3. names the cause in the job's failure file (``hang: ...``) and exits with ``EXIT_HANG``: the
      step ends, jobs/train.sh requeues it, and the run resumes from ``latest``.
 
@@ -40,8 +43,9 @@ EXIT_HANG = 3  # any non-zero code recovers; a distinct one reads clearly in the
 
 class ProgressWatchdog:
     def __init__(self, *, log_dir: str | os.PathLike, rank: int, init_timeout_s: float, floor_s: float,
-                 factor: float = 10.0, failure_file: str | None = None, linger_s: float = 3.0, exit=os._exit):
-        self.log_dir, self.rank = Path(log_dir), rank
+                 factor: float = 10.0, failure_file: str | None = None, linger_s: float = 3.0, exit=os._exit,
+                 on_gpu: bool = False):
+        self.log_dir, self.rank, self.on_gpu = Path(log_dir), rank, on_gpu
         self.init_timeout_s, self.floor_s, self.factor = init_timeout_s, floor_s, factor
         self.failure_file, self.linger_s, self._exit = failure_file, linger_s, exit
         self.job = os.environ.get("SLURM_JOB_ID", "local")
@@ -107,10 +111,10 @@ class ProgressWatchdog:
                     "Python stacks of every thread, most recent call first:\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
-        trace = _dump_flight_recorder(self.log_dir / f"fr_trace_{self.job}_rank{self.rank}.pkl")
+        traces = dump_flight_recorders(self.log_dir, f"{self.job}_rank{self.rank}", self.on_gpu)
         self.fired_path = path
         log.error("progress watchdog: %s; stacks in %s%s; exiting for recovery", what, path,
-                  f", flight recorder in {trace}" if trace else "")
+                  f", flight recorders in {', '.join(map(str, traces))}" if traces else "")
         if self.failure_file:  # the first rank to report names the cause (a rank woken later must not)
             with contextlib.suppress(OSError), open(self.failure_file, "x") as f:
                 f.write(f"hang: {what}; stacks in {path}\n")
@@ -118,15 +122,27 @@ class ProgressWatchdog:
         self._exit(EXIT_HANG)
 
 
-def _dump_flight_recorder(path: Path) -> Path | None:
-    """The collectives flight recorder's entries, or None when it is off (buffer size 0) or unavailable."""
-    if not int(os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")) or 0):
-        return None
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace
+def flight_recorders(on_gpu: bool) -> dict[str, str]:
+    """File prefix -> the torch function that dumps that recorder: the training collectives' first."""
+    from torch._C import _distributed_c10d as c10d
 
-        path.write_bytes(_dump_fr_trace())
-        return path
-    except Exception as exc:  # evidence is best effort: never let it block the exit
-        log.warning("could not dump the flight recorder: %s", exc)
-        return None
+    if on_gpu and hasattr(c10d, "_dump_nccl_trace"):  # CUDA builds only
+        return {"fr_trace": "_dump_nccl_trace", "fr_control": "_dump_fr_trace"}
+    return {"fr_trace": "_dump_fr_trace"}
+
+
+def dump_flight_recorders(folder: Path, suffix: str, on_gpu: bool) -> list[Path]:
+    """Each recorder's entries to ``<folder>/<prefix>_<suffix>.pkl``; none when they are off (buffer size 0)."""
+    if not int(os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")) or 0):
+        return []
+    from torch._C import _distributed_c10d as c10d
+
+    written = []
+    for prefix, function in flight_recorders(on_gpu).items():
+        path = folder / f"{prefix}_{suffix}.pkl"
+        try:
+            path.write_bytes(getattr(c10d, function)())
+            written.append(path)
+        except Exception as exc:  # evidence is best effort: never let it block the exit
+            log.warning("could not dump the flight recorder (%s): %s", function, exc)
+    return written

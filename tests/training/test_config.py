@@ -41,6 +41,8 @@ def test_file_then_overrides_and_per_model_directories():
     (["train.parallelism=fsdp", "train.tensor_parallel=2", "data.seq_len=127"],
      "train.tensor_parallel 2 does not divide data.seq_len 127"),
     (["train.async_tp=true"], "train.async_tp overlaps tensor-parallel communication: set train.tensor_parallel > 1"),
+    (["train.deterministic=maybe"], "train.deterministic: Input should be a valid boolean, unable to interpret input "
+                                    "(got 'maybe')"),
     (["train.parallelism=fsdp", "train.tensor_parallel=2", "train.async_tp=true", "train.compile=false"],
      "train.async_tp needs train.compile"),
     (["steps"], "override 'steps' is not section.key=value"),
