@@ -8,13 +8,15 @@
 #   nodes     every queue boots; on each node the Slurm prolog's health check, the jobs venv, the
 #             driver's CUDA vs torch's build, GPU memory errors (python -m cluster_checks.node_record)
 #   network   nccl-tests all_reduce across the 2 nodes (EFA) and within one (NVLink), and a run forced
-#             onto TCP that the transport check must refuse (jobs/nccl_tests.sh)
+#             onto TCP that the transport check must refuse (jobs/nccl_tests.sh); the trainer's own NCCL
+#             (torch's, not the system one nccl-tests links) on EFA, from the drill's NCCL_DEBUG=INFO log
 #   storage   FSx write/read throughput of every mount against what it is provisioned for (jobs/fsx_perf.sh)
 #   layouts   each production layout shrunk: the recipe's widths with 2 layers in its layout
 #             (python -m training.layout_check): initialization, loss, grad norm, memory vs the dry
 #             run, MFU vs the plan, compile vs eager
 #   drill     a training run whose ranks on one node are killed recovers from its checkpoint with the
-#             same losses as an uninterrupted run; a stopped rank is detected within the timeout
+#             same losses as an uninterrupted run (deterministic kernels: train.deterministic); a stopped
+#             rank is detected within the timeout
 # Results: $FSX_LOGS/acceptance/<job id>/ (report.json, report.txt, report.png, and each part's raw
 # results); `python -m cluster_config plan --env ENV --measured .../report.json` re-plans from them.
 # Exit 0 only on go. docs/acceptance.md is the runbook: what to do on each no-go.
@@ -148,9 +150,13 @@ if part drill; then
   python -m data_pipeline.tokenize run --input-dir "$data/raw/raw" --out "$data/tokenized" \
     --tokenizer "$data/raw/tokenizer" --seq-len 128 >/dev/null
   last_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1)"
+  # The batch from the allocation (a fixed one fits one world size only) and deterministic kernels, which
+  # bit-identical losses after a resume need on GPUs: python -m cluster_checks.acceptance drill-args.
+  allocation="$(python -m cluster_checks.acceptance drill-args --ranks $((SLURM_NNODES * NPROC_PER_NODE)))"
+  read -r -a allocation_args <<<"$allocation"
   drill_args=(--config "$JOBS_DIR/training/configs/tiny.yaml" "data.path=$data/tokenized" train.steps=40
     checkpoint.every=4 checkpoint.async_save=false log.interval=1 eval.every=0 data.num_workers=0
-    train.timeout_s=30 train.watchdog_floor_s=15 train.parallelism=fsdp train.micro_batch_size=4 train.global_batch_size=32)
+    train.timeout_s=30 train.watchdog_floor_s=15 "${allocation_args[@]}")
   run_dir() { echo "$OUT/drill/$1"; }
   train() {  # train NAME [extra overrides]: the run's checkpoints and metrics under drill/NAME
     local name=$1; shift
@@ -173,18 +179,27 @@ EOF
     srun --overlap --nodes=1 --ntasks=1 -w "$last_node" \
       python -m cluster_checks.acceptance signal --node "$last_node" --signal "$1" || true
   }
-  train reference || true
+  (  # on GPU the trainer's own NCCL (torch's) logs the network it chose, one file per rank
+    if [[ $GPU == true ]]; then
+      mkdir -p "$OUT/nccl/pytorch"
+      export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$OUT/nccl/pytorch/%h.%p.log"
+    fi
+    train reference
+  ) || true
   train recovered &
   at_step recovered 5 && signal_ranks KILL
   wait $! || true
   train recovered || true  # the job's recovery: the same command again, from `latest`
   train stalled train.steps=100000 checkpoint.every=100000 &
   pid=$!
+  stopped=""
   at_step stalled 2 && { stopped=$EPOCHREALTIME; signal_ranks STOP; }
   wait "$pid" || true
-  detected=$(python -c "print(round($EPOCHREALTIME - ${stopped:-$EPOCHREALTIME}, 1))")
+  # Seconds from the stop to the run's end; a run that failed before step 2 had nothing to detect.
+  stall=(--no-rank-stopped)
+  [[ -n $stopped ]] && stall=(--stall-detected-s "$(python -c "print(round($EPOCHREALTIME - $stopped, 1))")")
   signal_ranks KILL
-  python -m cluster_checks.acceptance drill "$OUT/drill" --stall-detected-s "$detected" --timeout-s 30
+  python -m cluster_checks.acceptance drill "$OUT/drill" "${stall[@]}" --timeout-s 30
 fi
 
 step "report"

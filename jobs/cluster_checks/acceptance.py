@@ -1,6 +1,7 @@
 """The acceptance run's report: every check with its threshold and source, and one go / no-go.
 
     python -m cluster_checks.acceptance report DIR [--out OUT]
+    python -m cluster_checks.acceptance drill-args --ranks N   (the drill's allocation-dependent overrides)
 
 ``jobs/acceptance.sh`` runs the checks and leaves their raw results in DIR; this module turns them
 into ``report.json``, ``report.txt`` (the table) and ``report.png`` (one bar per check), written to
@@ -17,8 +18,11 @@ DIR holds (every part optional except ``expected.json``; a part that is missing 
     nccl/intra_node/*_perf.log   the same on 1 node (8 GPUs over NVLink)
     nccl/tcp_control/*_perf.log  a 2-node run forced onto TCP sockets (NCCL_NET=Socket): the transport
                               check must refuse it
+    nccl/pytorch/*.log        the trainer's own NCCL (torch's, not the system NCCL nccl-tests links) at
+                              NCCL_DEBUG=INFO: one file per rank of the drill's uninterrupted run
     storage/summary.json      python -m cluster_checks.fsx_perf --out DIR/storage (jobs/fsx_perf.sh)
     layouts/<name>.json       one per production layout, shrunk (``layout_checks`` lists the keys)
+    drill/drill.json          python -m cluster_checks.acceptance drill (``drill_record`` lists the keys)
 
 The verdict (``Report.verdict``): "go" only when no check failed and every check that must run on
 the target ran and passed. On a GPU cluster (``gpu=True``) that is every check: a GPU check that
@@ -86,7 +90,12 @@ MIN_COMPARED_BYTES = 1 << 30
 GPUS_PER_NODE = 8  # p5e.48xlarge: one nccl-tests rank per GPU, every GPU of each node
 
 INIT_STD_TOLERANCE = 0.05  # sampling error of even a 4,096-value shard is ~1 %: 5 % only fails a wrong sigma
-MEMORY_TOLERANCE = 0.10  # acceptance criterion: the dry run predicts the real peak within 10 %
+MEMORY_TOLERANCE = 0.10  # acceptance criterion: the real peak at most 10 % above the dry run's prediction
+# ... and at most this far below it. The dry run is eager; the job compiles its layers, and Inductor's
+# partitioner recomputes cheap pointwise results instead of saving them: on an H100 (benchmarks/results/
+# gpu_check_H100) the compiled peaks were 4-17 % under the prediction, the same rank eager 12-15 % above
+# the compiled one. Further below, the plan wastes memory it could spend on larger micro-batches.
+MEMORY_CONSERVATIVE = 0.25
 MFU_MIN_RATIO = 0.8  # a shrunk layout has less data-parallel traffic than production: it should reach the plan
 # Compiled vs eager losses on the GPU, bf16: each op rounds at 2^-8 (0.4 %) and Inductor reorders the fp32
 # sums; over a few tens of steps the losses drift apart by well under 2 %. A wrong fusion is far larger.
@@ -224,9 +233,12 @@ INTER_NODE = "network: all_reduce across 2 nodes (EFA)"
 INTRA_NODE = "network: all_reduce within a node (NVLink)"
 TRANSPORT = "network: inter-node traffic on EFA, not TCP"
 TCP_CONTROL = "network: a run forced onto TCP is refused"
+PYTORCH_TRANSPORT = "network: PyTorch's NCCL uses EFA"
 TRANSPORT_SOURCE = ("jobs/cluster_checks/nccl_tests.py check_transport: the 'Using network' and 'NET/OFI Selected "
                     "provider' lines of NCCL_DEBUG=INFO")
 TCP_CONTROL_SOURCE = "acceptance rule: a TCP-fallback run is refused, never passed (as jobs/nccl_tests.sh fails it)"
+PYTORCH_TRANSPORT_SOURCE = ("the same check on the trainer's own NCCL (torch's wheel, not the system NCCL nccl-tests "
+                            "links): NCCL_DEBUG=INFO of the drill's uninterrupted run (jobs/acceptance.sh)")
 
 
 @dataclass(frozen=True)
@@ -337,14 +349,31 @@ def tcp_control(text: str) -> Check:
                   TCP_CONTROL_SOURCE, needs_gpu=True)
 
 
+def pytorch_transport(folder: Path) -> Check:
+    """The trainer's own NCCL went over EFA on every rank (its NCCL_DEBUG=INFO logs in ``folder``): torch
+    ships its own NCCL, which finds the aws-ofi-nccl plugin or not apart from the system NCCL of nccl-tests."""
+    expected = "NCCL network Libfabric (aws-ofi-nccl), libfabric provider efa, on every rank"
+    text = _raw_text(folder, "*.log")
+    if not text:
+        return _not_measured(PYTORCH_TRANSPORT, expected, f"no NCCL log in {folder}: jobs/acceptance.sh's drill "
+                             "writes it from its uninterrupted run (NCCL_DEBUG_FILE); the drill did not run or its "
+                             "workers never started", PYTORCH_TRANSPORT_SOURCE, True)
+    verdict = nccl_tests.check_transport(text)
+    return _check(PYTORCH_TRANSPORT, verdict.ok, verdict.message if verdict.ok else verdict.message.split(":")[0],
+                  expected, f"{verdict.message} The trainer loads torch's NCCL (torch.cuda.nccl.version()), not the "
+                  "system one: if nccl-tests used EFA, that NCCL does not load the plugin (compare the 'NET/Plugin' "
+                  "lines of both logs)", PYTORCH_TRANSPORT_SOURCE, needs_gpu=True)
+
+
 def network_checks(nccl_dir: Path, gpu: bool = True) -> list[Check]:
-    """The four network checks from DIR/nccl/{inter_node,intra_node,tcp_control}."""
+    """The five network checks from DIR/nccl/{inter_node,intra_node,tcp_control,pytorch}."""
     if not gpu:
         return [Check.no_gpu(INTER_NODE, f"{INTER_NODE_MIN_RATIO:.0%} of the published 2 x p5 busbw", P5_EFA_SOURCE),
                 Check.no_gpu(INTRA_NODE, f"{INTRA_NODE_MIN_RATIO:.0%} of {NVLINK_ALL_REDUCE_BUSBW:.0f} GB/s",
                              NVLINK_SOURCE),
                 Check.no_gpu(TRANSPORT, "EFA", TRANSPORT_SOURCE),
-                Check.no_gpu(TCP_CONTROL, "refused", TCP_CONTROL_SOURCE)]
+                Check.no_gpu(TCP_CONTROL, "refused", TCP_CONTROL_SOURCE),
+                Check.no_gpu(PYTORCH_TRANSPORT, "EFA", PYTORCH_TRANSPORT_SOURCE)]
     checks: list[Check] = []
     inter = _nccl_or_check(nccl_dir / "inter_node", INTER_NODE, P5_EFA_SOURCE)
     if isinstance(inter, Check):
@@ -360,6 +389,7 @@ def network_checks(nccl_dir: Path, gpu: bool = True) -> list[Check]:
     checks.append(tcp_control(text) if text else _not_measured(
         TCP_CONTROL, "refused", f"no *_perf.log in {control}: jobs/acceptance.sh runs all_reduce_perf on 2 nodes "
         "with NCCL_NET=Socket into that folder", TCP_CONTROL_SOURCE, True))
+    checks.append(pytorch_transport(nccl_dir / "pytorch"))
     return checks
 
 
@@ -374,9 +404,9 @@ def _nccl_or_check(folder: Path, name: str, source: str) -> NcclRun | Check:
         return _check(name, False, "", "", f"unfinished run: {exc}", source, needs_gpu=True)
 
 
-def _raw_text(folder: Path) -> str:
+def _raw_text(folder: Path, pattern: str = "*_perf.log") -> str:
     """The logs as text, for the transport check, which needs no finished run."""
-    return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("*_perf.log")))
+    return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob(pattern)))
 
 
 # --- storage: the FSx summary --------------------------------------------------------------------
@@ -560,8 +590,8 @@ INIT_SOURCE = ("jobs/training/models.py init_weights: matrices ~ N(0, 0.02), res
 DISTINCT_SOURCE = "tests/training/test_init_weights.py: no two parameters nor two shards are equal"
 LOSS_SOURCE = "training from random init: cross-entropy starts near ln(vocab) and falls within tens of steps"
 GRAD_SOURCE = "jobs/training/train.py clips by the global grad norm (optim.grad_clip): a non-finite norm is a lost step"
-MEMORY_SOURCE = ("jobs/training/dry_run.py prediction at the same layout and world size, within 10 % "
-                 "(acceptance criterion)")
+MEMORY_SOURCE = ("jobs/training/dry_run.py prediction at the same layout and world size: at most 10 % above it "
+                 "(acceptance criterion), at most 25 % below (compiled layers keep less than the eager dry run)")
 MFU_SOURCE = ("MFU as jobs/training/metrics.py computes it (tokens/s per GPU x FLOPs/token / dense bf16 peak, "
               "989 TFLOP/s for H100/H200); expected: cluster_config/plan.py estimate_mfu")
 COMPILE_SOURCE = "train.compile (torch.compile per decoder layer) must not change the numerics beyond bf16 rounding"
@@ -637,8 +667,8 @@ def peak_memory(layout: str, peak_gib: Optional[float], predicted_gib: Optional[
     training/metrics.py logs) against the dry run's peak less its ``runtime`` category (CUDA context
     and NCCL buffers, outside torch's allocator)."""
     name = f"layout {layout}: peak GPU memory vs dry run"
-    expected = (f"within {MEMORY_TOLERANCE:.0%} of {predicted_gib:.1f} GiB predicted" if predicted_gib
-                else f"within {MEMORY_TOLERANCE:.0%} of the dry run")
+    band = f"-{MEMORY_CONSERVATIVE:.0%} to +{MEMORY_TOLERANCE:.0%}"
+    expected = (f"{band} of {predicted_gib:.1f} GiB predicted" if predicted_gib else f"{band} of the dry run")
     if oom:
         return _check(name, False, "out of memory", expected,
                       "the run ran out of GPU memory: the dry run under-predicts this layout; first compare "
@@ -649,10 +679,12 @@ def peak_memory(layout: str, peak_gib: Optional[float], predicted_gib: Optional[
         return _not_measured(name, expected, "peak memory or the dry run's prediction not recorded", MEMORY_SOURCE,
                              True)
     ratio = peak_gib / predicted_gib
-    return _check(name, abs(ratio - 1) <= MEMORY_TOLERANCE, f"{peak_gib:.1f} GiB ({ratio - 1:+.0%})", expected,
-                  f"the dry run is {abs(ratio - 1):.0%} off: production layouts sized from it may not fit (or waste "
-                  "memory); first find the category that differs (torch.cuda.memory_snapshot vs the dry run's "
-                  "categories) and fix the model in training/dry_run.py", MEMORY_SOURCE, needs_gpu=True, ratio=ratio,
+    effect = ("production layouts sized from it may not fit" if ratio > 1 else
+              "the plan leaves memory unused that larger micro-batches or less recomputation could take")
+    return _check(name, 1 - MEMORY_CONSERVATIVE <= ratio <= 1 + MEMORY_TOLERANCE, f"{peak_gib:.1f} GiB ({ratio - 1:+.0%})",
+                  expected, f"the dry run is {abs(ratio - 1):.0%} {'under' if ratio > 1 else 'over'}: {effect}; first "
+                  "find the category that differs (torch.cuda.memory_snapshot vs the dry run's categories) and fix "
+                  "the model in training/dry_run.py", MEMORY_SOURCE, needs_gpu=True, ratio=ratio,
                   limit=1 + MEMORY_TOLERANCE)
 
 
@@ -688,38 +720,62 @@ def compile_matches_eager(layout: str, compiled: Optional[Sequence[float]], eage
 
 
 def recovery(scope: str, recovered: Optional[bool], reference: Optional[Mapping[int, float]],
-             resumed: Optional[Mapping[int, float]]) -> Check:
-    """A rank killed after a checkpoint: the job must resume on its own (``recovered``), and the losses of
-    the steps after the resume must equal the uninterrupted run's bit for bit (step -> loss)."""
+             resumed: Optional[Mapping[int, float]], reference_samples: Optional[Mapping[int, int]] = None,
+             resumed_samples: Optional[Mapping[int, int]] = None) -> Check:
+    """A rank killed after a checkpoint: the job must resume on its own (``recovered``), and the steps after
+    the resume must equal the uninterrupted run's bit for bit: their losses (step -> loss) and the data
+    they read (step -> samples_crc, where recorded; the drill logs every step)."""
     name = f"{scope}: killed rank recovers, losses bit-identical"
-    expected = "resumed automatically; losses after the resume == uninterrupted run"
-    if recovered is None or not reference or not resumed:
-        return _not_measured(name, expected, "recovery result or the two runs' losses not recorded", RECOVERY_SOURCE)
+    expected = "resumed automatically; losses and data (samples_crc) after the resume == uninterrupted run"
+    if recovered is None:
+        return _not_measured(name, expected, "no drill/drill.json: the drill did not run (ACCEPTANCE_PARTS, or the "
+                             "job ended before it)", RECOVERY_SOURCE)
+    if not reference or not resumed:
+        failed = ([] if reference else ["the uninterrupted run (drill/reference) logged no loss"]) + (
+            [] if resumed else ["the killed run (drill/recovered) logged no loss after a resume"])
+        return _not_measured(name, expected, f"{' and '.join(failed)}: first read the drill runs' 'problem:' and "
+                             "Traceback lines in the job's output (a config error makes every run exit 2 at start-up)",
+                             RECOVERY_SOURCE)
     reference = {int(s): v for s, v in reference.items()}
     resumed = {int(s): v for s, v in resumed.items()}
     common = sorted(set(reference) & set(resumed))
-    differ = [s for s in common if reference[s] != resumed[s]]
+    reference_data = {int(s): v for s, v in (reference_samples or {}).items()}
+    resumed_data = {int(s): v for s, v in (resumed_samples or {}).items()}
+    other_data = [s for s in common
+                  if s in reference_data and s in resumed_data and reference_data[s] != resumed_data[s]]
+    differ = sorted({s for s in common if reference[s] != resumed[s]} | set(other_data))
     if not recovered:
         why = ("the job did not resume on its own: first read its failure file and jobs/train.sh's requeue decision "
                "(training/recovery.py) in the job's log")
     elif not common:
         why = "the resumed run logged none of the reference run's steps: compare the steps each logged"
+    elif other_data:
+        why = (f"{len(differ)} of {len(common)} steps differ (first: step {differ[0]}); the data differs from step "
+               f"{other_data[0]} (samples_crc): the resume did not restore the loader's position")
     else:
-        why = (f"{len(differ)} of {len(common)} steps differ (first: step {differ[0] if differ else '-'}): the resume "
-               "does not restore everything (data position, RNG); first compare samples_crc in both metrics.jsonl")
+        data = ("on the same data (samples_crc equal)" if all(s in reference_data and s in resumed_data for s in differ)
+                else "(samples_crc not recorded)")
+        why = (f"{len(differ)} of {len(common)} steps differ (first: step {differ[0] if differ else '-'}) {data}: the "
+               "resume does not restore all state (model, optimizer, RNG); on GPU, check that both runs' config line "
+               "has train.deterministic true")
     ok = bool(recovered and common and not differ)
     return _check(name, ok, f"{'resumed' if recovered else 'NOT resumed'}, {len(common) - len(differ)} of "
                   f"{len(common)} steps identical", expected, why, RECOVERY_SOURCE)
 
 
-def stall_detected(scope: str, detected_s: Optional[float], timeout_s: Optional[float]) -> Check:
+def stall_detected(scope: str, detected_s: Optional[float], timeout_s: Optional[float],
+                   rank_stopped: bool = True) -> Check:
     """Seconds from stopping one rank (SIGSTOP) to the job noticing (a collective timeout or the watchdog);
-    ``detected_s`` None with ``timeout_s`` set: it was never noticed."""
+    ``detected_s`` None with ``timeout_s`` set: it was never noticed. ``rank_stopped`` False: the run never
+    reached the step where a rank is stopped, so there was nothing to detect."""
     name = f"{scope}: stalled rank detected"
     expected = (f"<= {timeout_s + STALL_GRACE_S:.0f} s (timeout {timeout_s:.0f} s + {STALL_GRACE_S:.0f} s)"
                 if timeout_s else "within the collective timeout")
     if not timeout_s:
         return _not_measured(name, expected, "stall test not recorded", STALL_SOURCE)
+    if not rank_stopped:
+        return _not_measured(name, expected, "no rank was stopped: the stalled run (drill/stalled) failed before its "
+                             "step 2; first read its 'problem:' and Traceback lines in the job's output", STALL_SOURCE)
     if detected_s is None:
         return _check(name, False, "never detected", expected,
                       "a stopped rank left the job hanging: neither the collective timeout nor the progress watchdog "
@@ -759,7 +815,8 @@ def layout_checks(layout: str, record: Optional[Mapping], gpu: bool = True) -> l
                        r.get("expected_mfu")),
                    compile_matches_eager(layout, r.get("compiled_losses"), r.get("eager_losses"))]
     else:
-        checks += [Check.no_gpu(f"layout {layout}: peak GPU memory vs dry run", f"within {MEMORY_TOLERANCE:.0%}",
+        checks += [Check.no_gpu(f"layout {layout}: peak GPU memory vs dry run",
+                                f"-{MEMORY_CONSERVATIVE:.0%} to +{MEMORY_TOLERANCE:.0%}",
                                 MEMORY_SOURCE),
                    Check.no_gpu(f"layout {layout}: MFU vs plan", f">= {MFU_MIN_RATIO:.0%} of the plan", MFU_SOURCE),
                    Check.no_gpu(f"layout {layout}: compiled vs eager losses", f"within {COMPILE_RTOL:.0%}",
@@ -802,13 +859,15 @@ DRILL = "drill"
 def drill_checks(record: Optional[Mapping], scope: str = DRILL) -> list[Check]:
     """Recovery and stall detection from DIR/drill/drill.json (``drill_record``); None: the drill did not run."""
     r = record or {}
-    return [recovery(scope, r.get("recovered"), r.get("reference_losses"), r.get("resumed_losses")),
-            stall_detected(scope, r.get("stall_detected_s"), r.get("collective_timeout_s"))]
+    return [recovery(scope, r.get("recovered"), r.get("reference_losses"), r.get("resumed_losses"),
+                     r.get("reference_samples"), r.get("resumed_samples")),
+            stall_detected(scope, r.get("stall_detected_s"), r.get("collective_timeout_s"),
+                           r.get("rank_stopped", True))]
 
 
-def _losses(metrics: Path) -> tuple[dict[int, float], list[dict]]:
-    """(step -> the last loss logged for it, the event lines) of a run's metrics.jsonl."""
-    losses, events = {}, []
+def _losses(metrics: Path) -> tuple[dict[int, float], dict[int, int], list[dict]]:
+    """(step -> the last loss logged for it, step -> its samples_crc, the event lines) of a run's metrics.jsonl."""
+    losses, samples, events = {}, {}, []
     if metrics.is_file():
         for line in metrics.read_text().splitlines():
             try:
@@ -817,23 +876,45 @@ def _losses(metrics: Path) -> tuple[dict[int, float], list[dict]]:
                 continue
             if "loss" in record and "step" in record:
                 losses[int(record["step"])] = record["loss"]
+                if "samples_crc" in record:
+                    samples[int(record["step"])] = record["samples_crc"]
             elif "event" in record:
                 events.append(record)
-    return losses, events
+    return losses, samples, events
 
 
-def drill_record(drill_dir: Path, stall_detected_s: Optional[float], timeout_s: float) -> dict:
+def drill_record(drill_dir: Path, stall_detected_s: Optional[float], timeout_s: float,
+                 rank_stopped: bool = True) -> dict:
     """What jobs/acceptance.sh's drill did: runs ``reference`` (uninterrupted), ``recovered`` (killed after a
-    checkpoint, then started again) and ``stalled`` under DIR/<run>/logs/metrics.jsonl."""
-    reference, _ = _losses(drill_dir / "reference" / "logs" / "metrics.jsonl")
-    recovered, events = _losses(drill_dir / "recovered" / "logs" / "metrics.jsonl")
+    checkpoint, then started again) and ``stalled`` under DIR/<run>/logs/metrics.jsonl; ``rank_stopped``:
+    the stalled run reached the step where one of its ranks is stopped."""
+    reference, reference_samples, _ = _losses(drill_dir / "reference" / "logs" / "metrics.jsonl")
+    recovered, recovered_samples, events = _losses(drill_dir / "recovered" / "logs" / "metrics.jsonl")
     resumes = [e for e in events if e.get("event") == "start" and e.get("resumed")]
     finished = any(e.get("event") == "complete" for e in events)
     resumed_from = int(resumes[-1]["step"]) if resumes else None
-    resumed = {s: v for s, v in recovered.items() if resumed_from is not None and s > resumed_from}
+    after = [s for s in recovered if resumed_from is not None and s > resumed_from]
     return {"recovered": bool(resumes and finished), "resumed_from_step": resumed_from,
-            "reference_losses": reference, "resumed_losses": resumed,
-            "stall_detected_s": stall_detected_s, "collective_timeout_s": timeout_s}
+            "reference_losses": reference, "resumed_losses": {s: recovered[s] for s in after},
+            "reference_samples": reference_samples,
+            "resumed_samples": {s: recovered_samples[s] for s in after if s in recovered_samples},
+            "rank_stopped": rank_stopped, "stall_detected_s": stall_detected_s, "collective_timeout_s": timeout_s}
+
+
+# The drill's batch, from its allocation: 4 sequences per rank per micro-batch, 2 micro-batches per step
+# (the resumed steps accumulate, as production steps do). A fixed global batch fits one allocation only
+# (32 cannot start on 2 x 8 GPUs: 16 ranks x 4 > 32).
+DRILL_MICRO_BATCH, DRILL_ACCUMULATION = 4, 2
+
+
+def drill_overrides(ranks: int) -> list[str]:
+    """The drill's training overrides that depend on its allocation (``ranks`` = nodes x workers per node,
+    each a data-parallel rank under FSDP) and on its recovery criterion: deterministic kernels, so that a
+    resumed run repeats the uninterrupted one's losses bit for bit on GPUs too (docs/acceptance.md)."""
+    if ranks < 1:
+        raise BadInput(f"--ranks {ranks}: the drill needs at least one rank — pass nodes x workers per node")
+    return ["train.parallelism=fsdp", f"train.micro_batch_size={DRILL_MICRO_BATCH}",
+            f"train.global_batch_size={DRILL_MICRO_BATCH * DRILL_ACCUMULATION * ranks}", "train.deterministic=true"]
 
 
 def training_workers(node: str, module: str = "training.train") -> list[int]:
@@ -888,9 +969,14 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", type=Path, help="where to write the report (default: results_dir)")
     drill = sub.add_parser("drill", help="write drill.json from the recovery and stall runs of jobs/acceptance.sh")
     drill.add_argument("drill_dir", type=Path, help="the results folder's drill/ (runs reference, recovered, stalled)")
-    drill.add_argument("--stall-detected-s", type=float, help="seconds from stopping a rank to the run ending "
+    stall = drill.add_mutually_exclusive_group()
+    stall.add_argument("--stall-detected-s", type=float, help="seconds from stopping a rank to the run ending "
                        "(omit: it never ended on its own)")
+    stall.add_argument("--no-rank-stopped", action="store_true", help="the stalled run never reached the step "
+                       "where a rank is stopped: the stall check says not measured")
     drill.add_argument("--timeout-s", type=float, required=True, help="the drill's collective timeout (train.timeout_s)")
+    overrides = sub.add_parser("drill-args", help="print the drill's training overrides for its allocation")
+    overrides.add_argument("--ranks", type=int, required=True, help="training ranks: nodes x workers per node")
     sig = sub.add_parser("signal", help="signal the training workers on a node (the drill's fault)")
     sig.add_argument("--node", required=True, help="the node whose workers to signal")
     sig.add_argument("--signal", required=True, choices=["KILL", "STOP", "CONT"])
@@ -901,11 +987,18 @@ def main(argv: list[str] | None = None) -> int:
             os.kill(pid, getattr(signal, f"SIG{args.signal}"))
         print(f"SIG{args.signal} to {len(pids)} training worker(s) on {args.node}: {' '.join(map(str, pids))}")
         return 0 if pids else 1
+    if args.command == "drill-args":
+        try:
+            print(" ".join(drill_overrides(args.ranks)))
+        except BadInput as exc:
+            return fail(exc)
+        return 0
     if args.command == "drill":
-        record = drill_record(args.drill_dir, args.stall_detected_s, args.timeout_s)
+        record = drill_record(args.drill_dir, args.stall_detected_s, args.timeout_s, not args.no_rank_stopped)
         (args.drill_dir / "drill.json").write_text(json.dumps(record, indent=1) + "\n")
+        stall = f"stall detected in {args.stall_detected_s} s" if record["rank_stopped"] else "no rank stopped"
         print(f"drill: recovered {record['recovered']} (resumed from step {record['resumed_from_step']}), "
-              f"stall detected in {args.stall_detected_s} s -> {args.drill_dir / 'drill.json'}")
+              f"{stall} -> {args.drill_dir / 'drill.json'}")
         return 0
     try:
         report = assemble(args.results_dir)

@@ -10,7 +10,11 @@ Fixtures:
 - the FSx summary, built by fsx_perf/fsx_report from recorded IOR, mdtest and fio outputs
   (tests/storage_validation/fixtures);
 - ``fixtures/gpu_go``: expected.json, node records and two layouts' numbers in the format
-  jobs/acceptance.sh writes, with values a healthy p5e run gives (example values, not a recording).
+  jobs/acceptance.sh writes, with values a healthy p5e run gives (example values, not a recording);
+- ``fixtures/pytorch_nccl``: the trainer's own NCCL (a torch wheel's) at NCCL_DEBUG=INFO,
+  NCCL_DEBUG_SUBSYS=INIT,NET, one file per rank as NCCL_DEBUG_FILE writes them: ranks 0 and 8 over
+  the aws-ofi-nccl plugin on EFA (``efa/``), and rank 8 of a node where it found no plugin (``socket/``).
+  Excerpts written by hand in the format of the recorded nccl-tests logs: no GPU run recorded them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -26,18 +31,22 @@ import pytest
 from cluster_checks import acceptance as acc
 from cluster_checks.fsx_perf import collect
 from cluster_checks.fsx_report import MountResult, assess, to_json
+from training.config import load_config
 
 HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+ACCEPTANCE_SH = REPO / "jobs" / "acceptance.sh"
 FIXTURES = HERE / "fixtures"
 NCCL_LOGS = HERE.parent / "local_cluster" / "fixtures"
 STORAGE = HERE.parent / "storage_validation" / "fixtures"
 
 EFA_LOG, SOCKET_LOG, NVLINK_LOG = NCCL_LOGS / "nccl_tests_efa.log", NCCL_LOGS / "nccl_tests_socket.log", \
     FIXTURES / "nccl_tests_nvlink.log"
+PYTORCH_NCCL = FIXTURES / "pytorch_nccl"
 
 GPU_CATALOGUE = [
     acc.QUEUES, acc.VENV, acc.HEALTH, acc.DRIVER, acc.ECC,
-    acc.INTER_NODE, acc.INTRA_NODE, acc.TRANSPORT, acc.TCP_CONTROL,
+    acc.INTER_NODE, acc.INTRA_NODE, acc.TRANSPORT, acc.TCP_CONTROL, acc.PYTORCH_TRANSPORT,
     "storage: /fsx/data read/write vs provisioned", "storage: /fsx/checkpoints read/write vs provisioned",
     *[f"layout {m}: {what}" for m in ("model1", "model7") for what in (
         "run completes", "init std per parameter", "no two parameters/shards equal", "loss finite and decreasing",
@@ -66,6 +75,7 @@ def results(tmp_path) -> Path:
     for part, log in (("inter_node", EFA_LOG), ("intra_node", NVLINK_LOG), ("tcp_control", SOCKET_LOG)):
         (folder / "nccl" / part).mkdir(parents=True)
         shutil.copy(log, folder / "nccl" / part / "all_reduce_perf.log")
+    shutil.copytree(PYTORCH_NCCL / "efa", folder / "nccl" / "pytorch")
     (folder / "storage").mkdir()
     (folder / "storage" / "summary.json").write_text(storage_summary(tmp_path / "raw"))
     return folder
@@ -106,6 +116,7 @@ def test_a_healthy_gpu_run_is_a_go_with_every_check_passed(results):
     assert checks[acc.INTRA_NODE].expected.startswith(">= 360 GB/s busbw")
     assert checks[acc.TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
     assert checks[acc.TCP_CONTROL].measured == "refused: NCCL fell back to TCP sockets (NET/Socket), not EFA"
+    assert checks[acc.PYTORCH_TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
     assert checks["storage: /fsx/data read/write vs provisioned"].measured == \
         "write 0.931 GB/s, read 1.680 GB/s (ior+mdtest)"
     assert checks["layout model7: MFU vs plan"].measured == "29.3% (290 tokens/s per GPU)"
@@ -171,6 +182,40 @@ def test_a_tcp_control_run_that_is_not_refused_is_a_no_go(results):
     assert "NCCL_NET=Socket did not reach the ranks" in by_name(report)[acc.TCP_CONTROL].why
 
 
+def test_pytorch_s_nccl_on_sockets_is_a_no_go_though_nccl_tests_used_efa(results):
+    """One node's torch NCCL found no plugin: the system NCCL of nccl-tests did, and its check passes."""
+    shutil.copy(PYTORCH_NCCL / "socket" / "ip-10-1-51-72.40977.log", results / "nccl" / "pytorch")
+    report = acc.assemble(results)
+    assert blocking(report) == [acc.PYTORCH_TRANSPORT] and by_name(report)[acc.TRANSPORT].status == acc.PASS
+    check = by_name(report)[acc.PYTORCH_TRANSPORT]
+    assert check.status == acc.FAIL and check.measured == "NCCL fell back to TCP sockets (NET/Socket), not EFA"
+    assert "LD_LIBRARY_PATH" in check.why and "torch.cuda.nccl.version()" in check.why
+
+
+@pytest.mark.parametrize("lines, status", [
+    # older aws-ofi-nccl releases named their network "AWS Libfabric" and wrote "Selected Provider"
+    (["NET/OFI Selected Provider is efa (found 32 nics)", "Using network AWS Libfabric"], acc.PASS),
+    (["NET/Socket : Using [0]eth0:10.1.34.183<0>", "Using network Socket"], acc.FAIL),
+    (["NET/OFI Selected provider is tcp, fabric is 10.1.0.0/16 (found 1 nics)", "Using network Libfabric"], acc.FAIL),
+    (["NCCL version 2.27.5+cuda12.9"], acc.FAIL),  # no network line: cannot tell, never a pass
+])
+def test_pytorch_s_nccl_transport_reads_the_same_lines_as_nccl_tests(tmp_path, lines, status):
+    log = "".join(f"gpu-1:4242:4300 [0] NCCL INFO {line}\n" for line in lines)
+    (tmp_path / "gpu-1.4242.log").write_text(log)
+    check = acc.pytorch_transport(tmp_path)
+    verdict = acc.nccl_tests.check_transport(log)  # one parser for both NCCLs
+    assert check.status == status and check.needs_gpu
+    assert check.measured == (verdict.message if verdict.ok else verdict.message.split(":")[0])
+
+
+def test_pytorch_s_nccl_without_its_log_is_not_measured_and_blocks(results):
+    shutil.rmtree(results / "nccl" / "pytorch")
+    report = acc.assemble(results)
+    assert blocking(report) == [acc.PYTORCH_TRANSPORT]
+    check = by_name(report)[acc.PYTORCH_TRANSPORT]
+    assert check.status == acc.NOT_MEASURED and "NCCL_DEBUG_FILE" in check.why
+
+
 def test_an_out_of_memory_layout_run_is_a_no_go(results):
     edit_json(results / "layouts" / "model7.json", oom=True, peak_memory_gib=None, losses=None, grad_norms=None)
     report = acc.assemble(results)
@@ -228,14 +273,16 @@ def test_a_missing_layout_run_is_reported_not_skipped(results):
      "the loss does not fall"),
     ("layouts", "model1", {"grad_norms": [3.0, "NaN"]}, "layout model1: grad norm finite", "a NaN/inf or zero"),
     ("layouts", "model1", {"peak_memory_gib": 50.0}, "layout model1: peak GPU memory vs dry run",
-     "the dry run is 16% off"),
+     "the dry run is 16% under"),
     ("layouts", "model1", {"tokens_per_s_per_gpu": 2000.0}, "layout model1: MFU vs plan", "59% of the plan"),
     ("layouts", "model1", {"init_std": {"model.layers.0.mlp.down_proj.weight": [0.02, 0.0025]}},
      "layout model1: init std per parameter", "1 parameter(s) off"),
     ("layouts", "model1", {"eager_losses": [10.41, 10.12, 9.63, 9.05, 8.51, 8.02, 7.66, 8.0]},
      "layout model1: compiled vs eager losses", "compiled layers compute something else"),
     ("drill", "drill", {"resumed_losses": {"5": 8.51, "6": 8.020001, "7": 7.66, "8": 7.41}},
-     "drill: killed rank recovers, losses bit-identical", "1 of 4 steps differ (first: step 6)"),
+     "drill: killed rank recovers, losses bit-identical", "1 of 4 steps differ (first: step 6) on the same data"),
+    ("drill", "drill", {"resumed_samples": {"5": 2863217746, "6": 1093447118, "7": 1, "8": 2}},
+     "drill: killed rank recovers, losses bit-identical", "the data differs from step 7 (samples_crc)"),
     ("drill", "drill", {"recovered": False}, "drill: killed rank recovers, losses bit-identical",
      "did not resume on its own"),
     ("drill", "drill", {"stall_detected_s": None}, "drill: stalled rank detected", "left the job hanging"),
@@ -318,7 +365,7 @@ def test_on_a_cpu_cluster_no_gpu_checks_are_allowed_and_the_verdict_is_go(cpu_re
     report = acc.assemble(cpu_results)
     assert [c.name for c in report.checks] == GPU_CATALOGUE  # the same checks: none left out
     not_measured = [c for c in report.checks if c.status == acc.NOT_MEASURED]
-    assert len(not_measured) == 12 and all(c.needs_gpu and c.why.startswith("no GPU") for c in not_measured)
+    assert len(not_measured) == 13 and all(c.needs_gpu and c.why.startswith("no GPU") for c in not_measured)
     assert all(c.status == acc.PASS for c in report.checks if not c.needs_gpu)
     assert report.verdict == acc.GO
     assert acc.main(["report", str(cpu_results)]) == 0
@@ -378,25 +425,90 @@ def write_metrics(path: Path, lines: list[dict]) -> None:
     (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 9, "lo')
 
 
+def test_drill_runs_that_failed_at_start_up_are_not_measured_never_a_pass(results, capsys):
+    """Every drill run exited 2 before its first step (as the fixed batch of 32 did on 16 ranks): no losses,
+    and the stalled run never reached the step where a rank is stopped, so jobs/acceptance.sh passes
+    --no-rank-stopped. Both checks say why, and block."""
+    drill = results / "drill"
+    (drill / "drill.json").unlink()
+    assert acc.main(["drill", str(drill), "--no-rank-stopped", "--timeout-s", "30"]) == 0
+    assert "no rank stopped" in capsys.readouterr().out
+    report = acc.assemble(results)
+    recovery, stall = "drill: killed rank recovers, losses bit-identical", "drill: stalled rank detected"
+    assert blocking(report) == [recovery, stall] and report.verdict == acc.NO_GO
+    checks = by_name(report)
+    assert {checks[recovery].status, checks[stall].status} == {acc.NOT_MEASURED}
+    assert not checks[recovery].needs_gpu and not checks[stall].needs_gpu  # blocking on the CPU rehearsal too
+    assert "uninterrupted run (drill/reference) logged no loss" in checks[recovery].why
+    assert "killed run (drill/recovered) logged no loss after a resume" in checks[recovery].why
+    assert "no rank was stopped" in checks[stall].why
+
+
+def test_a_stall_check_without_a_stop_time_is_never_a_pass():
+    """A missing stop time used to read as "detected in 0 s", a pass."""
+    check = acc.stall_detected("drill", None, 30.0, rank_stopped=False)
+    assert check.status == acc.NOT_MEASURED and check.measured == ""
+    assert acc.stall_detected("drill", 0.0, 30.0, rank_stopped=False).status == acc.NOT_MEASURED
+
+
+# The drill's allocation: jobs/acceptance.sh's nodes, with one rank per GPU on p5e or NPROC_PER_NODE=2 in
+# the local rehearsal (tests/local_cluster/test_acceptance_job.py).
+DRILL_NODES = int(re.search(r"^#SBATCH --nodes=(\d+)", ACCEPTANCE_SH.read_text(), re.M).group(1))
+
+
+@pytest.mark.parametrize("ranks", [DRILL_NODES * acc.GPUS_PER_NODE, DRILL_NODES * 2], ids=["p5e", "rehearsal"])
+def test_the_drill_s_config_starts_on_its_allocation(ranks, tmp_path, capsys):
+    """The overrides jobs/acceptance.sh takes from drill-args load, and their batch divides over the ranks
+    (a fixed global batch of 32 does not on 16 ranks: the drill could not start on 2 x p5e)."""
+    assert acc.main(["drill-args", "--ranks", str(ranks)]) == 0
+    overrides = capsys.readouterr().out.split()
+    assert overrides == acc.drill_overrides(ranks)
+    run = tmp_path / "drill" / "reference"  # the drill's own paths, as acceptance.sh passes them
+    cfg = load_config(REPO / "jobs/training/configs/tiny.yaml",
+                      [f"data.path={tmp_path}/data", f"checkpoint.dir={run}/checkpoints", f"log.dir={run}/logs",
+                       *overrides])
+    assert cfg.grad_accum_steps(ranks) >= 1
+    assert cfg.train.deterministic  # the recovery check demands bit-identical losses on GPUs
+
+
+def test_acceptance_sh_takes_the_drill_s_batch_from_drill_args_only():
+    script = ACCEPTANCE_SH.read_text()
+    assert "cluster_checks.acceptance drill-args --ranks $((SLURM_NNODES * NPROC_PER_NODE))" in script
+    assert "batch_size=" not in script and "deterministic=" not in script  # no second source
+
+
+def test_drill_args_refuses_no_ranks(capsys):
+    assert acc.main(["drill-args", "--ranks", "0"]) == 2
+    assert "--ranks 0: the drill needs at least one rank — pass nodes x workers per node" in capsys.readouterr().err
+
+
 def test_drill_record_reads_the_runs_the_job_left(tmp_path):
     """reference: 8 steps; recovered: killed after step 5, resumed from the step-4 checkpoint, completed."""
     losses = {s: 10.0 - s / 2 for s in range(1, 9)}
-    write_metrics(tmp_path / "reference" / "logs", [{"event": "start", "step": 0, "resumed": False},
-                                                    *({"step": s, "loss": v} for s, v in losses.items()),
-                                                    {"event": "complete", "step": 8}])
-    write_metrics(tmp_path / "recovered" / "logs", [{"event": "start", "step": 0, "resumed": False},
-                                                    *({"step": s, "loss": losses[s] + 1} for s in range(1, 6)),
-                                                    {"event": "start", "step": 4, "resumed": True},
-                                                    *({"step": s, "loss": losses[s]} for s in range(5, 9)),
-                                                    {"event": "complete", "step": 8}])
+    data = {s: 1000 + s for s in range(1, 9)}  # samples_crc: which data rank 0 read at each step
+    write_metrics(tmp_path / "reference" / "logs", [
+        {"event": "start", "step": 0, "resumed": False},
+        *({"step": s, "loss": v, "samples_crc": data[s]} for s, v in losses.items()),
+        {"event": "complete", "step": 8}])
+    write_metrics(tmp_path / "recovered" / "logs", [
+        {"event": "start", "step": 0, "resumed": False},
+        *({"step": s, "loss": losses[s] + 1, "samples_crc": 0} for s in range(1, 6)),
+        {"event": "start", "step": 4, "resumed": True},
+        *({"step": s, "loss": losses[s], "samples_crc": data[s]} for s in range(5, 9)),
+        {"event": "complete", "step": 8}])
     assert acc.main(["drill", str(tmp_path), "--stall-detected-s", "41.5", "--timeout-s", "30"]) == 0
     record = json.loads((tmp_path / "drill.json").read_text())
-    assert record["recovered"] and record["resumed_from_step"] == 4
+    assert record["recovered"] and record["resumed_from_step"] == 4 and record["rank_stopped"]
+    assert record["resumed_samples"] == {str(s): data[s] for s in range(5, 9)}  # the steps after the resume only
     checks = acc.drill_checks(record)
     assert [c.status for c in checks] == [acc.PASS, acc.PASS]  # steps 5-8 identical; 41.5 s <= 30 + grace
-    # A resume that lost the data position: the losses after it differ.
-    record["resumed_losses"]["6"] += 1e-6
-    assert "1 of 4 steps differ (first: step 6)" in acc.drill_checks(record)[0].why
+    # A resume that lost state: the same data, other losses.
+    changed = {**record, "resumed_losses": {**record["resumed_losses"], "6": losses[6] + 1e-6}}
+    assert "1 of 4 steps differ (first: step 6) on the same data" in acc.drill_checks(changed)[0].why
+    # A resume that lost the data position: other data, whatever the losses.
+    changed = {**record, "resumed_samples": {**record["resumed_samples"], "7": data[8], "8": data[7]}}
+    recovery = acc.drill_checks(changed)[0]
+    assert recovery.status == acc.FAIL and "the data differs from step 7 (samples_crc)" in recovery.why
 
 
 def test_node_record_runs_the_prolog_s_check_and_the_venv(tmp_path, monkeypatch):
@@ -436,3 +548,15 @@ def test_node_record_reads_the_driver_and_memory_errors_from_nvidia_smi(tmp_path
     record = acc.NodeRecord(node="gpu-1", queue="gpu", gpus_expected=8, torch_cuda="12.9", **facts)
     assert acc.driver_supports_torch([record]).status == acc.FAIL  # 12.8 driver, 12.9 build
     assert acc.ecc_clean([record]).status == acc.FAIL
+
+
+@pytest.mark.parametrize("peak, status, said", [
+    (41.7, acc.PASS, "-13%"),  # the compiled 70B recipe on one H100 against the eager dry run's 48.1 GiB
+    (53.4, acc.FAIL, "the dry run is 11% under: production layouts sized from it may not fit"),
+    (33.0, acc.FAIL, "the dry run is 31% over: the plan leaves memory unused"),
+])
+def test_memory_check_allows_the_compiled_job_below_the_eager_dry_run_but_not_above_it(peak, status, said):
+    check = acc.peak_memory("llama2-70b", peak, 48.1)
+    assert check.status == status
+    assert said in (check.measured if status == acc.PASS else check.why)
+    assert check.expected == "-25% to +10% of 48.1 GiB predicted"
