@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps deps-cdk demo test synth validate plan lint bench cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk demo test synth validate plan lint bench gpu-check cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -86,6 +86,9 @@ bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.recovery  # per fault: seconds to the next step, steps repeated, human needed
 	$(PY) -m benchmarks.node_bootstrap  # the head node's OnNodeConfigured (real pip install) vs its bootstrap timeout
 	$(PY) -m benchmarks.goodput_simulation  # prod on 80 local nodes of its own, 2 weeks of failures in 2 x 8 min, 0 and 2 spares vs the goodput model
+
+gpu-check:  ## on a machine with one GPU: the GPU-only branches in ~8 min (docs/acceptance.md); report in benchmarks/results/
+	$(PY) -m benchmarks.gpu_check
 
 clean:  ## remove build outputs (keeps the venv)
 	rm -rf cdk.out benchmarks/results
