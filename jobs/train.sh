@@ -132,9 +132,6 @@ export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_FR_DUMP_TEMP_FILE="$LOG_DIR/fr_trace_${SLURM_JOB_ID}_rank"
 # Where a worker says why it failed ("user: ..." for bad input, "hang: ..." from the watchdog).
 export TRAIN_FAILURE_FILE="$CKPT_DIR/FAILURE"
-# torch.compile's caches on shared storage, in the model's own folder: a requeued job (on any node)
-# reuses the compiled layers instead of compiling again inside its start-up window.
-export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$CKPT_DIR/compile_cache}"
 # SIGTERM (scancel, the time limit) to SIGKILL: Slurm's KillWait, sized for a save (CustomSlurmSettings).
 # torchrun would otherwise kill the saving workers after its own 30 s.
 KILL_WAIT="$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')"

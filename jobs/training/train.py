@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import torch
 from atomic_file import write_atomic
@@ -64,6 +65,12 @@ def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precisi
         return model, build_optimizer(model, cfg.optim)
 
 
+def keep_compile_cache(checkpoint_dir: str) -> None:
+    """torch.compile's caches in the model's checkpoint folder on shared storage (unless the environment names
+    another): a requeued job, on any node, reuses the compiled layers instead of compiling them again."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(checkpoint_dir) / "compile_cache"))
+
+
 class Trainer:
     """Built once (``__init__``), then ``train`` loops over ``train_step``, which runs ``forward_backward``
     on each micro-batch. Checkpoint state and resume are ``app_state`` and ``_resume``."""
@@ -83,6 +90,7 @@ class Trainer:
         if cfg.train.async_tp and not d.on_gpu:
             raise ConfigError("train.async_tp needs GPUs (symmetric memory over NVLink); set train.async_tp: false here")
         set_determinism(cfg.train.deterministic)  # before the first matmul: cuBLAS reads its setting then
+        keep_compile_cache(cfg.checkpoint.dir)
         meta = read_dataset_meta(cfg.data.path)
         vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
         check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)

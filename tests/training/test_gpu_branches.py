@@ -137,6 +137,19 @@ def test_collective_timeout_raises_every_training_group_then_restores_it():
     assert out.split("\n")[0] == "[300.0] [100.0] 100.0"
 
 
+# --- torch.compile's caches across a requeue ----------------------------------------------------------
+
+def test_compile_caches_live_in_the_models_checkpoint_folder_unless_the_environment_says(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    train.keep_compile_cache(str(tmp_path / "model3"))
+    assert cache_dir() == str(tmp_path / "model3/compile_cache")  # where inductor reads and writes them
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    train.keep_compile_cache(str(tmp_path / "model3"))
+    assert cache_dir() == str(tmp_path / "mine")
+
+
 # --- metrics ------------------------------------------------------------------------------------------
 
 def test_tokens_per_second_leave_out_checkpoint_blocking_as_they_leave_out_evaluation(tmp_path):
