@@ -29,9 +29,10 @@ import tempfile
 from pathlib import Path
 
 from cluster_config.emulated import PclusterNotInstalled
+from cluster_config.hardware import fsx_expectations
 from cluster_config.model_jobs import write_job_files
 from cluster_config.pcluster_schema import SchemaNotInstalled, check_configs
-from cluster_config.plan import (build_plan, format_plan, format_spares_trade, fsx_expectations, read_measured,
+from cluster_config.plan import (build_plan, format_plan, format_spares_trade, read_measured,
                                  spares_alternative)
 from cluster_config.render import ClusterResources, RenderError, models_file, render_cluster_config, to_yaml
 from cluster_config.settings import SettingsError, available_environments, load_settings

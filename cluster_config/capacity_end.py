@@ -39,10 +39,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Optional
 
-from cluster_config.model_jobs import USR1_LEAD_S
 from cluster_config.plan import build_plan
 from cluster_config.settings import CAPACITY_BLOCK_END_NOTICE, CONFIG_PREFIX, Settings, SettingsError
-from cluster_config.slurm_timeouts import STEP_MARGIN_S, kill_wait_seconds
+from cluster_config.slurm_timeouts import STEP_MARGIN_S, USR1_LEAD_S, kill_wait_seconds
 
 # Not "pcluster-...": ParallelCluster's clustermgtd deletes reservations of that prefix it did not make
 # (slurm_plugin/capacity_block_manager.py, its own reservations for inactive Capacity Blocks).

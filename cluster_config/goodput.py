@@ -32,12 +32,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cluster_config.settings import Settings
 
-if TYPE_CHECKING:
-    from cluster_config.plan import ModelRow
+
+class Run(Protocol):
+    """What goodput needs of a model's run (the plan's ModelRow has it)."""
+
+    name: str
+    nodes: int
+    gpus: int
+    cost_per_hour_usd: float
+    days: float  # without failures
+    checkpoint_every_h: float
+    save_s: float
 
 DAY_S = 86400.0
 P95 = 0.95
@@ -143,7 +152,7 @@ def mean_nodes_down(settings: Settings) -> float:
     return assume.failures_per_1000_node_days / 1000 * training * assume.node_replacement_min / 1440
 
 
-def goodput(row: ModelRow, settings: Settings) -> Goodput:
+def goodput(row: Run, settings: Settings) -> Goodput:
     """``row``'s model (a plan row: nodes, failure-free days, checkpoint interval and save time) under
     ``settings.goodput`` and ``settings.gpu_queue.spare_nodes``."""
     assume = settings.goodput

@@ -2,7 +2,7 @@
 
 Settings already refuse a plan larger than the GPU queue or its capacity reservations; this module
 reports on a valid one (``python -m cluster_config plan --env prod``, and at every synth). Per model
-it reads the training config the job runs (derived from the model's entry: cluster_config/model_jobs.py)
+it reads the training config the job runs (derived from the model's entry: cluster_config/model_configs.py)
 and works out:
 
 - tokens to train (steps x global batch x seq_len) and training FLOPs (6 x matmul parameters +
@@ -45,7 +45,8 @@ from training.sizing import GIB, RunShape, checkpoint_bytes, memory
 from training.throughput import estimate_mfu
 
 from cluster_config.goodput import Goodput, goodput, mean_nodes_down, p_no_spare
-from cluster_config.model_jobs import model_config
+from cluster_config.hardware import Gpu, gpu_of
+from cluster_config.model_configs import model_config
 from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
 from cluster_config.settings import GoodputSettings, ModelPlan, Settings, SettingsError
 
@@ -54,28 +55,6 @@ TIB = 2**40
 COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER = 20  # "Training Compute-Optimal Large Language Models" (Chinchilla)
 
 
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    memory_gib: float  # nvidia-smi memory.total
-    peak_tflops: float  # dense bf16, vendor datasheet (the MFU denominator of jobs/training/metrics.py)
-    # Link rates per GPU and direction, GB/s: within the node (NVLink; PCIe where there is none) and
-    # across nodes (the instance's EFA bandwidth / its GPUs). Collectives reach BUS_EFFICIENCY of them.
-    node_link_gb_s: float = 0.0
-    network_gb_s: float = 0.0
-
-
-# NVLink 4 (H100/H200 SXM): 900 GB/s per GPU, 450 each way; NVLink 3 (A100): 600, 300 each way.
-# EFA: p5/p5e/p5en 3,200 Gbps per instance, p4d/p4de 400 Gbps, g5.48xlarge 100 Gbps (EC2 instance types).
-GPUS = {
-    "p5e.48xlarge": Gpu("H200", 143771 / 1024, 989, 450, 3200 / 8 / 8),
-    "p5en.48xlarge": Gpu("H200", 143771 / 1024, 989, 450, 3200 / 8 / 8),
-    "p5.48xlarge": Gpu("H100", 81559 / 1024, 989, 450, 3200 / 8 / 8),
-    "p4de.24xlarge": Gpu("A100-80GB", 81920 / 1024, 312, 300, 400 / 8 / 8),
-    "p4d.24xlarge": Gpu("A100-40GB", 40960 / 1024, 312, 300, 400 / 8 / 8),
-    "g5.12xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 40 / 8 / 4),
-    "g5.48xlarge": Gpu("A10G", 23028 / 1024, 125, 32, 100 / 8 / 8),
-}
 @dataclass(frozen=True)
 class Measured:
     """What the day-one acceptance run measured of each shrunk layout (named by its recipe, e.g.
@@ -227,17 +206,6 @@ class Plan:
     @property
     def goodput_days(self) -> float:
         return max((g.days for g in self.goodputs), default=0.0)
-
-
-def gpu_of(settings: Settings) -> Gpu | None:
-    known = GPUS.get(settings.gpu_queue.instance_type)
-    memory_gib = settings.plan.gpu_memory_gib or (known.memory_gib if known else None)
-    tflops = settings.plan.gpu_peak_tflops or (known.peak_tflops if known else None)
-    if memory_gib is None or tflops is None:
-        return None
-    if known is None:
-        return Gpu("GPU", memory_gib, tflops)
-    return Gpu(known.name, memory_gib, tflops, known.node_link_gb_s, known.network_gb_s)
 
 
 def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
@@ -599,8 +567,3 @@ def format_spares_trade(before: Plan, after: Plan) -> str:
                      f"a failure finds no spare free {_percent(plan.p_no_spare)} of the time; the spares stay out of "
                      f"training for {plan.spare_nodes * plan.goodput_days * 24:,.0f} node-hours")
     return "\n".join(lines)
-
-
-def fsx_expectations(settings: Settings) -> str:
-    """Provisioned throughput per mount as ``jobs/fsx_perf.sh`` reads it from ``FSX_EXPECTED_MB_S``."""
-    return ",".join(f"{fs.mount_dir}={fs.throughput_mb_s:.1f}" for fs in settings.storage.file_systems().values())

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import math
 
-from cluster_config.plan import PRESETS, checkpoint_bytes  # the training code's shapes, torch-free
+from training.presets import PRESETS  # the training code's shapes and checkpoint size, torch-free
+from training.sizing import checkpoint_bytes
+
 from cluster_config.settings import Settings
 
+USR1_LEAD_S = 600  # --signal=USR1@<this>: the trainer saves and stops (jobs/train.sh explains the lead)
 STEP_MARGIN_S = 120  # one training step (a 70B step takes about a minute) + Slurm's signal delivery
 MIN_KILL_WAIT_S = 120
 UNKILLABLE_STEP_TIMEOUT_S = 180

@@ -11,8 +11,10 @@ import sys
 import pytest
 import yaml
 
-from cluster_config.model_jobs import GENERATED, GENERATED_BY, job_files, training_config, write_job_files
-from cluster_config.plan import check_plan, gpu_of
+from cluster_config.hardware import gpu_of
+from cluster_config.model_configs import training_config
+from cluster_config.model_jobs import GENERATED, GENERATED_BY, job_files, write_job_files
+from cluster_config.plan import check_plan
 from cluster_config.settings import CONFIG_DIR, SettingsError, available_environments, load_settings
 from stacks.cluster_stack import GENERATED_EXCLUDES
 from training.cluster import load_cluster

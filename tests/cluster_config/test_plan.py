@@ -8,8 +8,9 @@ import sys
 import pytest
 import yaml
 
-from cluster_config.model_jobs import model_config
-from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, gpu_of, read_measured
+from cluster_config.hardware import gpu_of
+from cluster_config.model_configs import model_config
+from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, read_measured
 from training.presets import PRESETS
 from training.throughput import estimate_mfu
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings

@@ -6,7 +6,7 @@ import pytest
 
 from cluster_checks.fsx_report import (BELOW, FAILED, MISSING, NOT_COMPARED, OK, MountResult, assess, exit_code,
                                        parse_expectations, render_table, to_json)
-from cluster_config.plan import fsx_expectations
+from cluster_config.hardware import fsx_expectations
 from cluster_config.settings import load_settings
 
 

@@ -1,0 +1,60 @@
+"""A model's training config from its one entry in the settings: the recipe (how to train) with the entry's
+preset, data, tokenizer, seq_len, global batch, steps and overrides (what to train), checked by the
+trainer's own config model. The plan sizes the models from it; model_jobs.py writes it into the jobs bundle.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from training.config import Config, ConfigError, read_config_file, set_key, validate_config  # torch-free, from jobs/
+
+from cluster_config.settings import ModelPlan, Settings, SettingsError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RECIPES = REPO_ROOT / "jobs/training/configs"
+
+
+def _under_data(path: str) -> str:
+    """A path the settings give relative to the data file system, as the jobs see it (${FSX_DATA})."""
+    return path if path.startswith("/") else f"${{FSX_DATA}}/{path.strip('/')}"
+
+
+def training_config(settings: Settings, model: ModelPlan) -> dict:
+    """The config ``jobs/train_<model>.sh`` trains with; SettingsError names the entry and the fix."""
+    where = f"cluster_config/{settings.name}.yaml models: {model.name}"
+    recipe = RECIPES / f"{model.recipe_name}.yaml"
+    if not recipe.is_file():
+        known = ", ".join(sorted(path.stem for path in RECIPES.glob("*.yaml")))
+        key = "recipe" if model.recipe else "preset (no recipe named like it)"
+        raise SettingsError(f"{where}: {key} {model.recipe_name!r} has no recipe {recipe.relative_to(REPO_ROOT)}; "
+                            f"set recipe: to one of {known}, or add that file")
+    config: dict = {"name": model.name, "model": {"preset": model.preset}}  # first in the file: what it trains
+    for section, values in read_config_file(recipe).items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(copy.deepcopy(values))
+        else:
+            config[section] = values
+    facts = {
+        "name": model.name,
+        "model.preset": model.preset,
+        "data.path": _under_data(model.dataset),
+        "data.tokenizer": _under_data(model.tokenizer),
+        "data.seq_len": model.seq_len,
+        "train.steps": model.steps,
+        "train.global_batch_size": model.global_batch_size,
+    }
+    try:
+        for key, value in {**facts, **model.overrides}.items():
+            set_key(config, key, value)
+        # The trainer's own checks, at the model's world size: what the job would refuse at its start.
+        validate_config(config).grad_accum_steps(model.nodes * settings.gpu_queue.gpus_per_instance)
+    except ConfigError as exc:
+        raise SettingsError(f"{where}: {exc} (the entry, its overrides, or {recipe.relative_to(REPO_ROOT)})") from None
+    return config
+
+
+def model_config(settings: Settings, model: ModelPlan) -> Config:
+    """``training_config`` with every default filled in, as the trainer will read it."""
+    return validate_config(training_config(settings, model))
