@@ -90,7 +90,7 @@ def plan(jobs_dir: Path, cpu: bool) -> list[dict]:
                 "steps": 8, "warmup": 3, "compile_steps": 3, "accumulation": accumulation,
                 "overrides": [f"train.global_batch_size={t['micro_batch_size'] * accumulation}"]}
         if cpu:
-            args.update(steps=4, warmup=1, layout_args=["--preset", "tiny", "--no-compile-check"],
+            args.update(steps=4, warmup=1, preset="tiny", compile_check=False,
                         overrides=["data.seq_len=64", "train.micro_batch_size=2"])
         recipe_stages.append({"name": f"recipe:{preset}", "stage": "recipe", "limit_s": 150, "args": args,
                               "model": model})
@@ -127,8 +127,7 @@ def predict_memory(stage: dict, gpu_memory_gib: float) -> float | None:
     from training.layout_check import layout_config, predicted_memory
 
     args = stage["args"]
-    preset = args.get("layout_args", [None, None])[1] if "--preset" in args.get("layout_args", []) else None
-    cfg, _ = layout_config(args["config"], preset, 2, args["steps"], args.get("overrides", []), 1)
+    cfg, _ = layout_config(args["config"], args.get("preset"), 2, args["steps"], args.get("overrides", []), 1)
     gib = {k: v / 2**30 for k, v in predicted_memory(cfg, 2, 1, gpu_memory_gib)["categories"].items()}
     return sum(gib.values())
 

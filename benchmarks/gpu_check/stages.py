@@ -306,12 +306,13 @@ def resume(args: dict) -> dict:
 def recipe(args: dict) -> dict:
     """``training.layout_check`` (the real ``train.build`` and train step) on the recipe at its real widths,
     2 layers, one process: peak memory against the dry run, MFU against the plan, compile time."""
-    out = Path(args["work"]) / "layouts"
+    folder = Path(args["work"]) / "layouts"
     cmd = [sys.executable, "-m", "training.layout_check", "--recipe", args["config"], "--name", args["name"],
            "--steps", str(args["steps"]), "--warmup", str(args["warmup"]), "--compile-steps", str(args["compile_steps"]),
-           "--out", str(out), *args.get("layout_args", []), *args.get("overrides", [])]
+           "--out", str(folder), *(["--preset", args["preset"]] if args.get("preset") else []),
+           *([] if args.get("compile_check", True) else ["--no-compile-check"]), *args.get("overrides", [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "JOBS_DIR": args["jobs_dir"]})
-    path = out / f"{args['name']}.json"
+    path = folder / f"{args['name']}.json"
     if not path.exists():
         raise RuntimeError(f"layout check wrote no result (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     r = json.loads(path.read_text())
@@ -320,7 +321,7 @@ def recipe(args: dict) -> dict:
             "peak_memory_gib", "peak_reserved_gib", "predicted_memory_gib", "predicted_memory", "mfu",
             "expected_mfu", "planned", "tokens_per_s_per_gpu", "flops_per_token", "peak_flops", "compiled_losses",
             "eager_losses", "losses", "compile")
-    out = {k: r[k] for k in keep if k in r}
+    out = {k: r[k] for k in keep if k in r}  # the figures this report keeps
     if seconds:
         steady = statistics.median(seconds[args["warmup"]:] or seconds)
         out.update(first_step_s=seconds[0], steady_step_s=steady, compile_s=seconds[0] - steady)
