@@ -99,7 +99,8 @@ def test_on_a_gpu_the_same_record_is_held_to_the_dry_run_the_plan_and_eager(layo
     r["compiled_losses"], r["eager_losses"] = r["losses"][:4], [x * 1.001 for x in r["losses"][:4]]
     statuses = {c.name.split(": ", 1)[1]: c.status for c in checks("llama2-70b", r, gpu=True)}
     assert set(statuses.values()) == {"pass"} and len(statuses) == 10, statuses
-    r["predicted_memory_gib"], r["eager_losses"] = 12.0, [x * 1.05 for x in r["losses"][:4]]  # 17 % off; 5 %
+    # 18 % above the dry run (it under-predicts: an OOM risk); compiled losses 5 % off eager's
+    r["predicted_memory_gib"], r["eager_losses"] = 8.5, [x * 1.05 for x in r["losses"][:4]]
     failed = {c.name.split(": ", 1)[1] for c in checks("llama2-70b", r, gpu=True) if c.status == "fail"}
     assert failed == {"peak GPU memory vs dry run", "compiled vs eager losses"}
 
