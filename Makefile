@@ -75,8 +75,8 @@ cluster-status:  ## show whether it is up
 demo: deps  ## synth + validate every environment, then run the job payloads on the local cluster
 	scripts/demo.sh
 
-test: deps  ## run every test
-	$(PY) -m pytest
+test: deps  ## run every test (the local-cluster tests beside the others: scripts/test_all.sh)
+	PY=$(PY) scripts/test_all.sh
 
 bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.data_pipeline

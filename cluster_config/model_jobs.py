@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from atomic_file import write_atomic  # from jobs/, as the job payloads write
 from training.cluster import CLUSTER_FILE, Cluster, load_cluster  # torch-free, from jobs/
 
 from cluster_config.capacity_end import save_seconds, time_min_s
@@ -113,19 +114,22 @@ def job_files(settings: Settings) -> dict[str, str]:
 
 
 def write_job_files(settings: Settings, jobs_dir: Path) -> list[Path]:
-    """Write ``job_files`` under ``jobs_dir``, replacing the generated files of models no longer listed."""
+    """Write ``job_files`` under ``jobs_dir``, removing the generated files of models no longer listed.
+
+    A file whose text is already the same is left alone, and a changed one is replaced whole (renamed
+    over): a job or a test reading it meanwhile (the local cluster's and the tests' writers run side by
+    side) sees the old file or the new one, never a missing or half-written one."""
+    files = {jobs_dir / relative: text for relative, text in job_files(settings).items()}
     for stale in [path for pattern in GENERATED for path in jobs_dir.glob(pattern)]:
-        if GENERATED_BY in stale.read_text():
+        if stale not in files and GENERATED_BY in stale.read_text():
             stale.unlink()
-    written = []
-    for relative, text in job_files(settings).items():
-        path = jobs_dir / relative
+    for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        if not path.is_file() or path.read_text() != text:
+            write_atomic(path, text)
         if path.suffix == ".sh":
             path.chmod(0o755)
-        written.append(path)
-    return written
+    return list(files)
 
 
 _bundles: dict[str, tuple[tempfile.TemporaryDirectory, Cluster]] = {}

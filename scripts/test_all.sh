@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make test: the whole suite as two pytest processes side by side. The local-cluster tests (marked
+# slurm) mostly wait, on Slurm, Prometheus and simulations in compressed time; the others mostly
+# compute. Together, the waiting overlaps the computing. The computing half runs at a lower CPU
+# priority (nice 10), so the cluster's drills keep the timing they were written for. The local-cluster
+# half's output is printed whole after the other's. Exit 0 only when both halves passed.
+#   scripts/test_all.sh [pytest arguments, e.g. a folder]
+set -uo pipefail
+PY="${PY:-.venv/bin/python}"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+
+passed() {  # pytest's exit status, with "no test selected" (5) a pass: a selection may hold one half only
+  [[ $1 == 0 || $1 == 5 ]]
+}
+
+"$PY" -m pytest -m slurm "$@" >"$log" 2>&1 &
+cluster_half=$!
+nice -n 10 "$PY" -m pytest -m "not slurm" "$@"
+other=$?
+wait "$cluster_half"
+cluster=$?
+echo
+echo "== the local-cluster tests (pytest -m slurm), run beside the others:"
+cat "$log"
+passed "$other" && passed "$cluster"
