@@ -14,13 +14,16 @@ passed() {  # pytest's exit status, with "no test selected" (5) a pass: a select
   [[ $1 == 0 || $1 == 5 ]]
 }
 
-"$PY" -m pytest -m slurm "$@" >"$log" 2>&1 &
+start=$SECONDS
+( "$PY" -m pytest -m slurm "$@"; status=$?; echo "== the local-cluster half took $((SECONDS - start)) s"; exit $status ) >"$log" 2>&1 &
 cluster_half=$!
 nice -n 10 "$PY" -m pytest -m "not slurm" "$@"
 other=$?
+other_s=$((SECONDS - start))
 wait "$cluster_half"
 cluster=$?
 echo
 echo "== the local-cluster tests (pytest -m slurm), run beside the others:"
 cat "$log"
+echo "== the other half took $other_s s; make test took $((SECONDS - start)) s"
 passed "$other" && passed "$cluster"

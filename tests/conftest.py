@@ -20,6 +20,10 @@ jobs/models/<model>.yaml), as the local cluster's ``up`` and, for its environmen
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -59,3 +63,31 @@ def slurm_cluster(cluster_session: ClusterSession, dev_jobs):
     yield cluster
     if cluster_session.started_here and not cluster_session.up_before_session:
         cluster.down()
+
+
+# --- where the suite's time goes (docs/testing.md) ------------------------------------------------
+# With SUITE_TIMES=<file>, every test appends one JSON line: its id, whether it needs the local
+# cluster, its wall time and the CPU time of this process and the children it waited for (setup,
+# call and teardown together, so a session fixture is charged to the first test that needs it).
+# scripts/suite_times.py turns the lines of both halves of `make test` into the table in the docs.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get("SUITE_TIMES")
+    if not path:
+        yield
+        return
+    wall0, cpu0 = time.monotonic(), _cpu_seconds()
+    yield
+    record = {
+        "test": item.nodeid,
+        "slurm": item.get_closest_marker("slurm") is not None,
+        "wall_s": round(time.monotonic() - wall0, 3),
+        "cpu_s": round(_cpu_seconds() - cpu0, 3),
+    }
+    with open(path, "a") as out:  # one short line per write: the two halves may share the file
+        out.write(json.dumps(record) + "\n")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

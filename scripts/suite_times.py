@@ -1,0 +1,74 @@
+"""The suite's time by kind and by file, as the Markdown tables in docs/testing.md.
+
+    SUITE_TIMES=/tmp/times.jsonl make test      # each test appends a line (tests/conftest.py)
+    python scripts/suite_times.py /tmp/times.jsonl
+
+Wall time is each test's own (setup, call, teardown); the two halves of `make test` run side by side,
+so the suite's wall time is the longer half, not the sum. CPU time is the pytest process's and its
+waited-for children's: the local cluster's jobs run under slurmd, not pytest, so their CPU is not in it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+# What a test is, from where it lives; the first match wins. The local-cluster tests are those
+# marked slurm, wherever they live.
+KINDS = [
+    ("tests/deploy/", "emulated account (ParallelCluster's validators)"),
+    ("tests/cdk/test_checkov.py", "CDK synth and checkov"),
+    ("tests/cdk/", "CDK synth and checkov"),
+    ("tests/cluster_config/test_cluster_stack.py", "CDK synth and checkov"),
+    ("tests/benchmarks/", "benchmark smoke"),
+    ("tests/training/", "torch.distributed on CPUs (gloo)"),
+    ("tests/storage_validation/", "torch.distributed on CPUs (gloo)"),
+    ("tests/cluster_checks/", "torch.distributed on CPUs (gloo)"),
+]
+LOCAL_CLUSTER = "local cluster (real Slurm)"
+UNIT = "unit"
+
+
+def kind_of(record: dict) -> str:
+    if record["slurm"]:
+        return LOCAL_CLUSTER
+    return next((kind for prefix, kind in KINDS if record["test"].startswith(prefix)), UNIT)
+
+
+def tables(records: list[dict]) -> str:
+    by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    by_file: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, ""])
+    for r in records:
+        for row in (by_kind[kind_of(r)], by_file[r["test"].split("::")[0]]):
+            row[0] += 1
+            row[1] += r["wall_s"]
+            row[2] += r["cpu_s"]
+        by_file[r["test"].split("::")[0]][3] = kind_of(r)
+    halves = {half: sum(r["wall_s"] for r in records if r["slurm"] == half) for half in (True, False)}
+    lines = [
+        f"The local-cluster half: {halves[True] / 60:.1f} min of tests; the other half: {halves[False] / 60:.1f} min.",
+        "",
+        "| kind | tests | wall (s) | CPU (s) |",
+        "|---|---:|---:|---:|",
+    ]
+    for kind, (n, wall, cpu) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {kind} | {n} | {wall:.0f} | {cpu:.0f} |")
+    lines += ["", "| file | kind | tests | wall (s) | CPU (s) |", "|---|---|---:|---:|---:|"]
+    for path, (n, wall, cpu, kind) in sorted(by_file.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| `{path}` | {kind} | {n} | {wall:.0f} | {cpu:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    records = [json.loads(line) for line in Path(argv[0]).read_text().splitlines() if line.strip()]
+    print(tables(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
