@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps deps-cdk demo test synth validate plan lint bench gpu-check cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk demo test test-fast synth validate plan lint bench gpu-check cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -77,6 +77,10 @@ demo: deps  ## synth + validate every environment, then run the job payloads on 
 
 test: deps  ## run every test (the local-cluster tests beside the others: scripts/test_all.sh)
 	PY=$(PY) scripts/test_all.sh
+
+# No root: none of the Debian packages, the local cluster, the emulated account or ParallelCluster's venv.
+test-fast: $(VENV)/.installed node_modules/.installed .build/pcluster/.installed  ## the inner loop: every test not marked slurm, slow or root (docs/testing.md)
+	$(PY) -m pytest -m "not slurm and not slow and not root"
 
 bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.data_pipeline

@@ -90,7 +90,8 @@ def base_python(as_user: list[str]) -> str | None:
 
 
 def test_cdk_targets_install_only_the_cdk_side():
-    """Dry run in a fresh checkout: what synth/plan/validate/lint would install, and what demo/test would."""
+    """Dry run in a fresh checkout: what synth/plan/validate/lint would install, what demo/test would, and that
+    test-fast needs no root."""
     with tempfile.TemporaryDirectory() as tmp:
         copy_checkout(Path(tmp))
         for target in ("synth", "plan", "validate", "lint"):
@@ -103,6 +104,9 @@ def test_cdk_targets_install_only_the_cdk_side():
             for step in ("-r requirements-jobs.txt", "-r requirements-dev.txt", "install_system_packages",
                          "npm ci", "install_pcluster_schema"):
                 assert any(step in line for line in steps), (target, step)  # under a heading, timed
+        plan = subprocess.run(["make", "-n", "test-fast"], cwd=tmp, capture_output=True, text=True, check=True).stdout
+        assert "-r requirements-jobs.txt" in plan and "install_system_packages" not in plan, plan  # no root
+        assert '-m "not slurm and not slow and not root"' in plan, plan
 
 
 @pytest.mark.slow

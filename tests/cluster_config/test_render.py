@@ -75,6 +75,7 @@ def test_cli_render_prints_schema_shaped_placeholder_ids():
     assert len(set(fs_ids)) == 3 and all(re.fullmatch(r"fs-[0-9a-z]{17}", fs_id) for fs_id in fs_ids)
 
 
+@pytest.mark.slow  # every environment into the emulated account
 def test_cli_validate_all_checks_every_environment(pcluster_schema):
     proc = subprocess.run(
         [sys.executable, "-m", "cluster_config", "validate", "--all"], capture_output=True, text=True, check=False

@@ -4,17 +4,16 @@ stand-in for the packages), so it cannot rot unnoticed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.marks import needs_mount_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for the tmpfs mounts in a private mount namespace")
+@needs_mount_namespace  # tmpfs mounts in a private mount namespace
 def test_bootstrap_benchmark_times_every_head_node_step_against_the_timeout(tmp_path):
     out = tmp_path / "node_bootstrap.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.node_bootstrap", "--stand-in-packages", "--out", str(out)],

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.marks import needs_mount_namespace
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,15 +36,6 @@ AMI_FILE = SCRIPTS / "ami" / "parallelcluster-3.16-al2023.yaml"
 AMI = yaml.safe_load(AMI_FILE.read_text())
 REAL_PYTHON = os.path.realpath(sys.executable)  # a real CPython: what the stand-in dnf installs as python3.11
 STAND_IN_MODULE = "llm_jobs_stand_in"  # in JOBS_VENV_SITE_PACKAGES, the stand-in for the jobs' PyPI packages
-
-
-def _can_unshare() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
-
-
-needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and mount namespaces (unshare)")
 
 
 def _tool(path: Path, body: str) -> None:

@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.marks import needs_mount_namespace
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "node_scripts"
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
-
-
-def _can_unshare() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
-
-
-needs_mount_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and mount namespaces (unshare)")
 
 
 @pytest.fixture

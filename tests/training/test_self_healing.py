@@ -14,13 +14,12 @@ import time
 import pytest
 
 from conftest import SHORT
+from tests.marks import needs_root
 
 
 @pytest.fixture
 def small_disk(run):
     """The run's checkpoint file system: a 6 MiB tmpfs, room for two of the tiny run's ~2.3 MB checkpoints."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
     mount = run.root / "checkpoints"
     mount.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], check=True)
@@ -28,6 +27,7 @@ def small_disk(run):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@needs_root  # mounts a tmpfs
 def test_full_checkpoint_disk_skips_saves_keeps_latest_and_stops_cleanly(run, tiny_data, reference_losses, small_disk):
     failure = run.root / "FAILURE"
     os.environ["TRAIN_FAILURE_FILE"] = str(failure)  # where jobs/train.sh reads why a run stopped
