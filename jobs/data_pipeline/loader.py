@@ -89,8 +89,9 @@ def verify_shard(fd: int, path: Path, expected: str) -> None:
     while n := os.preadv(fd, [buf], offset):
         sha.update(view[:n])
         offset += n
-    if sha.hexdigest() != expected:
-        raise DatasetError(f"shard {path}: SHA-256 is {sha.hexdigest()}, dataset.json says {expected}: "
+    actual = sha.hexdigest()
+    if actual != expected:
+        raise DatasetError(f"shard {path}: SHA-256 is {actual}, dataset.json says {expected}: "
                            "its bytes changed after tokenizing. Re-run preprocessing for its source "
                            "(jobs/preprocess.sh) or re-sync the dataset from S3 (`python -m "
                            "data_pipeline.upload restore`); `python -m data_pipeline.validate "
@@ -166,7 +167,7 @@ class ShardReader:
             fd = os.open(path, os.O_RDONLY)
             try:
                 verify_shard(fd, path, self.shards[shard].sha256)
-            except DatasetError:
+            except Exception:  # a mismatch or a failed read: the descriptor is not ours to keep yet
                 os.close(fd)
                 raise
             entry = self._fds[shard] = (fd, set())
