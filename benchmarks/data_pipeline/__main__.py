@@ -4,12 +4,15 @@
 
 Measures tokenize throughput (same process pool on the same cores for both), bytes on disk per
 token, loader delivered (non-pad) tokens/s and padding, and our loader's peak memory as the
-dataset grows 4x. Prints a table with ratios to the baseline and writes JSON.
+dataset grows 4x. Prints a table with ratios to the baseline and writes JSON. Also the cost of the
+loader's shard checksums: hashing every shard (what each loader process does once per run) over
+reading one epoch without it, in the same process.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -26,7 +29,7 @@ sys.path.insert(0, str(REPO / "jobs"))
 
 from cli import ArgumentParser  # noqa: E402
 from data_pipeline.sample_data import train_tokenizer, write_corpus  # noqa: E402
-from data_pipeline.shards import write_json_atomic  # noqa: E402
+from data_pipeline.shards import read_dataset_meta, write_json_atomic  # noqa: E402
 
 from . import seed_baseline  # noqa: E402
 
@@ -92,6 +95,33 @@ def bench_loader(work: Path, tok_dir: Path, batch_size: int, workers: int, secon
                               num_workers=workers, seed=0)
     ours = run(iter(ours_loader), lambda b: (b["input_ids"].numel(), b["input_ids"].numel()))
     return {"seed": seed, "ours": ours, "batch_size": batch_size, "num_workers": workers}
+
+
+def bench_verify(path: Path, batch_size: int) -> dict:
+    """Seconds to check every shard's SHA-256 over seconds to read one epoch, in this process (page cache warm).
+
+    Must run before anything else in this process reads ``path`` with the loader: the check is once per
+    process, so it is timed first and the epoch read after it, which finds every shard checked, only reads.
+    """
+    from data_pipeline.loader import TokenLoader, verify_shard
+    meta = read_dataset_meta(path)
+    start = time.perf_counter()
+    for shard in meta.shards:
+        fd = os.open(path / shard.file, os.O_RDONLY)
+        try:
+            verify_shard(fd, path / shard.file, shard.sha256)
+        finally:
+            os.close(fd)
+    verify_s = time.perf_counter() - start
+    loader = TokenLoader(path, batch_size=batch_size, seq_len=SEQ_LEN, num_workers=0)
+    start = time.perf_counter()
+    for _ in itertools.islice(iter(loader), loader.batches_per_epoch):
+        pass
+    epoch_s = time.perf_counter() - start
+    size = sum(s.bytes for s in meta.shards)
+    return {"shards": len(meta.shards), "bytes": size, "verify_s": round(verify_s, 6),
+            "verify_mb_per_s": round(size / verify_s / 1e6, 1), "epoch_read_s": round(epoch_s, 6),
+            "batches_per_epoch": loader.batches_per_epoch, "verify_over_epoch_ratio": round(verify_s / epoch_s, 3)}
 
 
 def grow(src: Path, dst: Path, factor: int) -> None:
@@ -177,6 +207,7 @@ def main(argv=None) -> int:
         files = write_corpus(work / "raw", num_files=a.files, total_bytes=int(a.size_mb * 1e6))
         tok_dir = train_tokenizer(files[:2], work / "tokenizer", vocab_size=a.vocab_size)
         tokenize = bench_tokenize(files, tok_dir, work, cores)
+        verify = bench_verify(work / "ours_shards", a.batch_size)
         loader = bench_loader(work, tok_dir, a.batch_size, min(2, cores), a.loader_seconds)
         memory = bench_memory(work)
         uint32 = bench_uint32(work)
@@ -199,7 +230,7 @@ def main(argv=None) -> int:
                           "platform": platform.platform()},
               "corpus": {"bytes": int(a.size_mb * 1e6),
                          "files": a.files, "vocab_size": a.vocab_size, "seq_len": SEQ_LEN},
-              "tokenize": tokenize, "loader": loader, "memory": memory, "uint32": uint32,
+              "tokenize": tokenize, "loader": loader, "verify": verify, "memory": memory, "uint32": uint32,
               "ratios": ratios, "targets_met": targets}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
@@ -213,6 +244,8 @@ def main(argv=None) -> int:
           f"{ratios['loader_tokens_per_s']:>7}x")
     print(f"{'loader padding fraction':34} {l_['seed']['padding_fraction']:>14} "
           f"{l_['ours']['padding_fraction']:>14}")
+    print(f"{'shard SHA-256 check / epoch read':34} {'':>14} {verify['verify_over_epoch_ratio']:>14} "
+          f"({verify['verify_s']} s / {verify['epoch_read_s']} s, {verify['verify_mb_per_s']} MB/s)")
     print(f"{'loader peak RSS MB (1x -> 4x data)':34} {'':>14} "
           f"{memory['1x']['peak_rss_mb']:>6} -> {memory['4x']['peak_rss_mb']:<6}")
     print(f"{'bytes per token, uint32 vocab':34} {'':>14} {uint32['bytes_per_token']:>14}")

@@ -41,10 +41,17 @@ storage dtype, viewed without a copy and widened to int64 once, into pinned memo
 ``pin_memory`` (no separate pinning copy). Memory does not grow
 with the dataset: one shard-order array per epoch and the in-shard permutations of the shards
 being read.
+
+Checksums. The first time a process opens a shard it hashes it in chunks through the same file
+descriptor and compares with the SHA-256 in dataset.json: a shard rewritten in place with ids that
+are still in range (same size, so the startup check passes) is refused, naming it, instead of
+being trained on. Each process hashes each shard once (``verify_shard``); a worker reads whole
+shards once per run this way, beside the 1 / (ranks x workers) of each epoch it delivers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -56,13 +63,41 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .shards import (SUFFIX, TAR_BLOCK, DatasetError, DatasetMeta, check_compatible, fingerprint,
-                     read_dataset_meta, sequence_offset)
+from .shards import (SUFFIX, TAR_BLOCK, DatasetError, DatasetMeta, ShardInfo, check_compatible,
+                     fingerprint, read_dataset_meta, sequence_offset)
 
 __all__ = ["TokenLoader", "DatasetError", "DatasetMeta", "read_dataset_meta", "check_compatible"]
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 2  # 2: ranks interleaved within an epoch (1: contiguous blocks)
+HASH_CHUNK = 8 << 20  # bytes per read while hashing a shard: large sequential reads suit Lustre
+
+# Shards this process has hashed and found intact, as (device, inode, expected SHA-256). Kept per
+# process, not per reader: a reader is made per iteration and keeps only a few shards open, and a
+# hash reads the whole shard. By inode, so a shard replaced under its name is hashed again.
+_verified: set[tuple[int, int, str]] = set()
+
+
+def verify_shard(fd: int, path: Path, expected: str) -> None:
+    """Refuse the shard open at ``fd`` unless its SHA-256 is ``expected``; once per process."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, expected)
+    if key in _verified:
+        return
+    sha, buf = hashlib.sha256(), bytearray(HASH_CHUNK)
+    view, offset = memoryview(buf), 0
+    while n := os.preadv(fd, [buf], offset):
+        sha.update(view[:n])
+        offset += n
+    actual = sha.hexdigest()
+    if actual != expected:
+        raise DatasetError(f"shard {path}: SHA-256 is {actual}, dataset.json says {expected}: "
+                           "its bytes changed after tokenizing. Re-run preprocessing for its source "
+                           "(jobs/preprocess.sh) or re-sync the dataset from S3 (`python -m "
+                           "data_pipeline.upload restore`); `python -m data_pipeline.validate "
+                           f"{path.parent}` lists every bad shard")
+    _verified.add(key)
+    log.debug("shard %s: SHA-256 verified", path)
 
 
 class EpochPlan:
@@ -115,10 +150,12 @@ class EpochPlan:
 
 
 class ShardReader:
-    """Reads sequences from shard files with pread; checks each member's tar header once."""
+    """Reads sequences from shard files with pread; checks each shard's SHA-256 on first open and
+    each member's tar header once."""
 
-    def __init__(self, meta: DatasetMeta, files: list[str]):
-        self.root, self.files = meta.path, files
+    def __init__(self, meta: DatasetMeta, shards: list[ShardInfo]):
+        self.root, self.shards = meta.path, shards
+        self.files = [s.file for s in shards]
         self.spm, self.sample_bytes = meta.sequences_per_member, meta.sample_bytes
         self.suffix = SUFFIX[meta.dtype]
         self._fds: OrderedDict[int, tuple[int, set]] = OrderedDict()
@@ -126,7 +163,13 @@ class ShardReader:
     def _open(self, shard: int):
         entry = self._fds.get(shard)
         if entry is None:
-            fd = os.open(self.root / self.files[shard], os.O_RDONLY)
+            path = self.root / self.files[shard]
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                verify_shard(fd, path, self.shards[shard].sha256)
+            except Exception:  # a mismatch or a failed read: the descriptor is not ours to keep yet
+                os.close(fd)
+                raise
             entry = self._fds[shard] = (fd, set())
             while len(self._fds) > 8:
                 os.close(self._fds.popitem(last=False)[1][0])
@@ -171,13 +214,13 @@ class ShardReader:
 class _BatchStream(IterableDataset):
     """Endless stream of this rank's batches from ``start``, split round-robin across workers."""
 
-    def __init__(self, meta: DatasetMeta, files: list[str], plan: EpochPlan, start: int):
-        self.meta, self.files, self.plan, self.start = meta, files, plan, start
+    def __init__(self, meta: DatasetMeta, shards: list[ShardInfo], plan: EpochPlan, start: int):
+        self.meta, self.shards, self.plan, self.start = meta, shards, plan, start
 
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = ShardReader(self.meta, self.files)
+        reader = ShardReader(self.meta, self.shards)
         buf_shape = (self.plan.batch_size, self.meta.sample_tokens)
         vocab = self.meta.vocab_size
         try:
@@ -188,13 +231,17 @@ class _BatchStream(IterableDataset):
                 reader.read(shards, seqs, tokens)
                 top = int(tokens.max())
                 if top >= vocab:
-                    bad = sorted({self.files[s] for s, row in zip(shards, tokens) if row.max() >= vocab})
+                    bad = sorted({reader.files[s] for s, row in zip(shards, tokens) if row.max() >= vocab})
                     raise DatasetError(f"token id {top} >= vocab_size {vocab} in shard(s) {bad} "
                                        f"of {self.meta.path}: corrupt data")
                 # Plain bytes cross the worker pipe in one copy; tensors would each need a
                 # shared-memory segment, several times slower for batches this size.
                 yield tokens.tobytes()
                 g += workers
+        except DatasetError as exc:
+            # Handed over as a value: raised here, torch would re-raise it in the training process
+            # with this worker's traceback as its message, and that message is the job's failure reason.
+            yield exc
         finally:
             reader.close()
 
@@ -225,7 +272,7 @@ class TokenLoader:
         check_compatible(self.meta, seq_len=seq_len, vocab_size=vocab_size)
         self.skipped_shards = self._check_shards(skip_bad_shards)
         shards = [s for s in self.meta.shards if s.file not in self.skipped_shards]
-        self._files = [s.file for s in shards]
+        self._shards = shards
         self.plan = EpochPlan([s.sequences for s in shards], seed=seed, rank=rank,
                               world_size=world_size, batch_size=batch_size, global_batch=global_batch_size)
         if self.plan.batches_per_epoch < 1:
@@ -269,12 +316,14 @@ class TokenLoader:
         return self._next // self.plan.batches_per_epoch
 
     def __iter__(self):
-        stream = _BatchStream(self.meta, self._files, self.plan, self._next)
+        stream = _BatchStream(self.meta, self._shards, self.plan, self._next)
         extra = {"prefetch_factor": self.prefetch_factor, "timeout": self.timeout_s,
                  "worker_init_fn": _ignore_sigterm} if self.num_workers else {}
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, **extra)
         shape = (self.batch_size, self.meta.sample_tokens)
         for raw in loader:
+            if isinstance(raw, DatasetError):
+                raise raw
             tokens = np.frombuffer(raw, self.meta.np_dtype).reshape(shape)
             batch = {"input_ids": self._widen(tokens[:, :-1]), "labels": self._widen(tokens[:, 1:])}
             self._next += 1

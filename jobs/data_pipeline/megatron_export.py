@@ -26,8 +26,8 @@ Format (Megatron's ``MMIDIDX`` index, version 1; all little-endian)::
 The token dtype is the smallest of Megatron's ``DType`` codes that holds every id: uint8 (code 1)
 up to 256 ids, uint16 (code 8) up to 65,536, else int32 (code 4); Megatron has no uint32.
 
-Streaming. Shards are read in chunks of whole sequences with the loader's ``ShardReader`` and
-written straight to the ``.bin``; the document lengths go to a spill file, from which the ``.idx``
+Streaming. Shards are read in chunks of whole sequences with the loader's ``ShardReader`` (which
+refuses a shard whose SHA-256 differs from dataset.json's) and written straight to the ``.bin``; the document lengths go to a spill file, from which the ``.idx``
 is assembled in chunks, so memory does not grow with the dataset. Both files are written under
 temporary names and renamed into place, ``.idx`` last (after removing an old one): a prefix whose
 ``.idx`` exists has a complete pair. A failed export leaves the previous pair untouched.
@@ -81,7 +81,7 @@ def _check_shards(meta: DatasetMeta) -> None:
 def _write_tokens(meta: DatasetMeta, out_dtype: np.dtype, bin_f, lengths_f,
                   chunk_tokens: int) -> tuple[int, int]:
     """Write every token to ``bin_f`` and each document's length (int32) to ``lengths_f``."""
-    reader = ShardReader(meta, [s.file for s in meta.shards])
+    reader = ShardReader(meta, list(meta.shards))
     per_read = max(1, chunk_tokens // meta.sample_tokens)
     documents = tokens = 0
     try:

@@ -163,25 +163,52 @@ def read_dataset_meta(path: str | os.PathLike) -> DatasetMeta:
                     f"`python -m data_pipeline.tokenize finalize {path}` once all tasks are done)")
         raise DatasetError(f"no {META_FILE} in {path}{hint} — build the dataset with "
                            "`sbatch jobs/preprocess.sh` or `python -m data_pipeline.tokenize`")
+    # dataset.json is written by the tokenize job from the shard indexes: rewriting it is the fix.
+    fix = (f"rewrite it from the shard indexes with `python -m data_pipeline.tokenize finalize {path}`, "
+           "or re-run preprocessing (jobs/preprocess.sh)")
+
+    def field(obj: dict, key: str, kind: type, where: str = "", minimum: int = 0):
+        """``obj[key]``, refused naming the file and the field when it is missing or of another kind."""
+        if key not in obj:
+            raise DatasetError(f"{meta_file}: field {where}{key} is missing — {fix}")
+        value = obj[key]
+        # Exact types: JSON's true is an int to Python, and int() would cut 2048.5 to 2048 silently.
+        if type(value) is not kind or (kind is int and value < minimum):
+            what = _KIND_NAMES[kind] + (f" >= {minimum}" if kind is int else "")
+            raise DatasetError(f"{meta_file}: field {where}{key} is {value!r}, not {what} — {fix}")
+        return value
+
     try:
         raw = json.loads(meta_file.read_text())
-        if raw.get("format") != FORMAT:
-            raise DatasetError(f"{meta_file}: format {raw.get('format')!r}, expected {FORMAT!r}")
-        if raw["dtype"] not in DTYPES:
-            raise DatasetError(f"{meta_file}: dtype {raw['dtype']!r} not one of {sorted(DTYPES)}")
-        return DatasetMeta(
-            path=path,
-            seq_len=int(raw["seq_len"]),
-            dtype=raw["dtype"],
-            vocab_size=int(raw["vocab_size"]),
-            eos_id=int(raw["eos_id"]),
-            tokenizer=dict(raw["tokenizer"]),
-            sequences_per_member=int(raw["sequences_per_member"]),
-            shards=tuple(ShardInfo(**s) for s in raw["shards"]),
-            sources=tuple(raw.get("sources", ())),
-        )
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
-        raise DatasetError(f"{meta_file} is malformed ({type(e).__name__}: {e})") from e
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise DatasetError(f"{meta_file} is unreadable ({type(e).__name__}: {e}) — {fix}") from None
+    if type(raw) is not dict:
+        raise DatasetError(f"{meta_file} holds {type(raw).__name__}, not a JSON object — {fix}")
+    if raw.get("format") != FORMAT:
+        raise DatasetError(f"{meta_file}: format {raw.get('format')!r}, expected {FORMAT!r}")
+    if raw.get("dtype") not in DTYPES:
+        raise DatasetError(f"{meta_file}: dtype {raw.get('dtype')!r} not one of {sorted(DTYPES)}")
+    shards = []
+    for i, entry in enumerate(field(raw, "shards", list)):
+        if type(entry) is not dict:
+            raise DatasetError(f"{meta_file}: field shards[{i}] is {entry!r}, not an object — {fix}")
+        shards.append(ShardInfo(**{key: field(entry, key, kind, f"shards[{i}].")
+                                   for key, kind in _SHARD_FIELDS.items()}))
+    return DatasetMeta(
+        path=path,
+        seq_len=field(raw, "seq_len", int, minimum=1),
+        dtype=raw["dtype"],
+        vocab_size=field(raw, "vocab_size", int, minimum=1),
+        eos_id=field(raw, "eos_id", int),
+        tokenizer=field(raw, "tokenizer", dict),
+        sequences_per_member=field(raw, "sequences_per_member", int, minimum=1),
+        shards=tuple(shards),
+        sources=tuple(raw.get("sources", ())),
+    )
+
+
+_SHARD_FIELDS = {"file": str, "sequences": int, "tokens": int, "bytes": int, "sha256": str}
+_KIND_NAMES = {int: "an integer", str: "a string", dict: "an object", list: "a list"}
 
 
 def check_compatible(meta: DatasetMeta, *, seq_len: int, vocab_size: int | None = None,

@@ -30,6 +30,10 @@ class LoadedTokenizer:
                 "eos_id": self.eos_id, "vocab_size": self.vocab_size}
 
 
+_RESAVE = ("copy it again from where it was saved (save_pretrained() writes it), the same tokenizer the "
+           "dataset was made with")
+
+
 def _offline_hint(spec: str) -> str:
     return ("To use it offline, save it once where the hub is reachable: `python -c \"from "
             f"transformers import AutoTokenizer; AutoTokenizer.from_pretrained('{spec}')"
@@ -40,7 +44,11 @@ def _offline_hint(spec: str) -> str:
 def _eos_from_config(folder: Path) -> str | None:
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
-        eos = json.loads(cfg.read_text()).get("eos_token")
+        try:
+            eos = json.loads(cfg.read_text()).get("eos_token")
+        except (ValueError, AttributeError) as e:  # not JSON, or JSON but not an object
+            raise TokenizerError(f"tokenizer config {cfg} is corrupt ({type(e).__name__}: {e}) — "
+                                 f"{_RESAVE}") from None
         return eos.get("content") if isinstance(eos, dict) else eos
     return None
 
@@ -59,7 +67,10 @@ def load_tokenizer(spec: str, eos_token: str | None = None) -> LoadedTokenizer:
             raise TokenizerError(f"tokenizer {spec}: {what}. Pass a folder saved with "
                                  "save_pretrained() (it must hold tokenizer.json: a fast "
                                  "tokenizer) or a tokenizer.json file")
-        backend = Tokenizer.from_file(str(tok_file))
+        try:
+            backend = Tokenizer.from_file(str(tok_file))
+        except Exception as e:  # the Rust library raises a bare Exception for a file it cannot parse
+            raise TokenizerError(f"tokenizer file {tok_file} is corrupt ({e}) — {_RESAVE}") from None
         eos_token = eos_token or _eos_from_config(tok_file.parent)
         name = str(path.resolve())
     else:

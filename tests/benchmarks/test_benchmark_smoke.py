@@ -58,6 +58,10 @@ def test_data_pipeline_benchmark(tmp_path):
     assert positive(memory["1x"]["peak_rss_mb"], memory["4x"]["peak_rss_mb"])
     assert memory["4x"]["batches_per_epoch"] >= 4 * memory["1x"]["batches_per_epoch"]
     assert result["uint32"]["dtype"] == "uint32" and positive(result["uint32"]["bytes_per_token"])
+    verify = result["verify"]  # the shard checksums against an epoch read without them, same run
+    assert positive(verify["shards"], verify["bytes"], verify["verify_s"], verify["epoch_read_s"], verify["batches_per_epoch"])
+    assert verify["verify_over_epoch_ratio"] == pytest.approx(verify["verify_s"] / verify["epoch_read_s"], rel=0.01, abs=1e-3)
+    assert "shard SHA-256 check / epoch read" in proc.stdout
     # Each ratio is ours over the seed's of this run.
     ratios = result["ratios"]
     assert ratios["tokenize_throughput"] == pytest.approx(

@@ -10,7 +10,7 @@ import torch
 
 from data_pipeline import loader as loader_mod
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
-from dp_helpers import SEQ_LEN, run_module
+from dp_helpers import SEQ_LEN, record_shard_checksums, run_module
 
 
 def all_sequences(meta):
@@ -197,6 +197,7 @@ def test_corrupt_member_header_names_the_shard(dp_copy):
                 stride = 512 + -(-meta.sequences_per_member * meta.sample_bytes // 512) * 512
                 f.seek(m * stride)
                 f.write(b"garbage!" * 4)
+    record_shard_checksums(dp_copy)
     loader = TokenLoader(dp_copy, batch_size=2, seq_len=SEQ_LEN, num_workers=1)
     with pytest.raises(DatasetError, match=r"shard .*corpus-0000\d-\d{5}\.tar: member \d+"):
         take(loader, 1)
@@ -208,6 +209,7 @@ def test_out_of_range_token_ids_are_refused(dp_copy):
         with open(dp_copy / s.file, "r+b") as f:
             f.seek(512)
             f.write(np.full(meta.sequences_per_member * meta.sample_tokens, 60000, np.uint16).tobytes())
+    record_shard_checksums(dp_copy)
     loader = TokenLoader(dp_copy, batch_size=meta.total_sequences // 2, seq_len=SEQ_LEN, num_workers=0)
     with pytest.raises(DatasetError, match="token id 60000 >= vocab_size 512 in shard"):
         take(loader, 1)

@@ -20,7 +20,7 @@ from data_pipeline.megatron_export import export, main, megatron_dtype
 from data_pipeline.shards import DatasetMeta, write_json_atomic, write_shard
 from data_pipeline.tokenizer import load_tokenizer
 
-from dp_helpers import run_module
+from dp_helpers import record_shard_checksums, run_module
 
 
 def shard_tokens(path: Path, dtype) -> np.ndarray:
@@ -183,6 +183,7 @@ def test_failed_export_keeps_previous_pair(tmp_path, capsys):
     data = bytearray(last.read_bytes())
     data[512:514] = (200).to_bytes(2, "little")
     last.write_bytes(data)
+    record_shard_checksums(meta.path)
     assert main([str(meta.path), str(tmp_path / "m")]) == 2
     assert capsys.readouterr().err == (f"error: token id 200 >= vocab_size 100 in shard {last}: "
                                        "corrupt data\n")
