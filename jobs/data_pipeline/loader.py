@@ -42,11 +42,13 @@ storage dtype, viewed without a copy and widened to int64 once, into pinned memo
 with the dataset: one shard-order array per epoch and the in-shard permutations of the shards
 being read.
 
-Checksums. The first time a process opens a shard it hashes it in chunks through the same file
-descriptor and compares with the SHA-256 in dataset.json: a shard rewritten in place with ids that
-are still in range (same size, so the startup check passes) is refused, naming it, instead of
-being trained on. Each process hashes each shard once (``verify_shard``); a worker reads whole
-shards once per run this way, beside the 1 / (ranks x workers) of each epoch it delivers.
+Checksums. Each shard is hashed (in chunks, ``verify_shard``) and compared with the SHA-256 in
+dataset.json by one reader of the job: with R readers (ranks x workers), reader ``i`` owns the shards
+``i, i + R, ...`` and hashes them before its first batch. A shard rewritten in place with ids that
+are still in range (same size, so the startup check passes) is refused, naming it, instead of being
+trained on. The job reads the dataset once more per start this way, spread over all its readers:
+every reader opens nearly every shard (the order is a global shuffle), so hashing on each reader's
+first open would read the dataset once per reader, ranks x workers times.
 """
 
 from __future__ import annotations
@@ -150,11 +152,12 @@ class EpochPlan:
 
 
 class ShardReader:
-    """Reads sequences from shard files with pread; checks each shard's SHA-256 on first open and
-    each member's tar header once."""
+    """Reads sequences from shard files with pread; checks the SHA-256 of the shards it owns on first
+    open (all of them, alone) and each member's tar header once."""
 
-    def __init__(self, meta: DatasetMeta, shards: list[ShardInfo]):
+    def __init__(self, meta: DatasetMeta, shards: list[ShardInfo], *, reader: int = 0, readers: int = 1):
         self.root, self.shards = meta.path, shards
+        self.owned = range(reader, len(shards), readers)  # the shards this reader hashes
         self.files = [s.file for s in shards]
         self.spm, self.sample_bytes = meta.sequences_per_member, meta.sample_bytes
         self.suffix = SUFFIX[meta.dtype]
@@ -165,11 +168,12 @@ class ShardReader:
         if entry is None:
             path = self.root / self.files[shard]
             fd = os.open(path, os.O_RDONLY)
-            try:
-                verify_shard(fd, path, self.shards[shard].sha256)
-            except Exception:  # a mismatch or a failed read: the descriptor is not ours to keep yet
-                os.close(fd)
-                raise
+            if shard in self.owned:
+                try:
+                    verify_shard(fd, path, self.shards[shard].sha256)
+                except Exception:  # a mismatch or a failed read: the descriptor is not ours to keep yet
+                    os.close(fd)
+                    raise
             entry = self._fds[shard] = (fd, set())
             while len(self._fds) > 8:
                 os.close(self._fds.popitem(last=False)[1][0])
@@ -205,6 +209,11 @@ class ShardReader:
                 raise DatasetError(f"shard {self.root / self.files[shard]}: short read at byte "
                                    f"{offset} (truncated after the loader started?)")
 
+    def verify_owned(self) -> None:
+        """Hash every shard this reader owns (the others' owners hash theirs)."""
+        for shard in self.owned:
+            self._open(shard)
+
     def close(self) -> None:
         for fd, _ in self._fds.values():
             os.close(fd)
@@ -220,10 +229,12 @@ class _BatchStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = ShardReader(self.meta, self.shards)
+        reader = ShardReader(self.meta, self.shards, reader=self.plan.rank * workers + worker,
+                             readers=self.plan.world_size * workers)
         buf_shape = (self.plan.batch_size, self.meta.sample_tokens)
         vocab = self.meta.vocab_size
         try:
+            reader.verify_owned()
             g = self.start + worker
             while True:
                 shards, seqs = self.plan.locate(g)

@@ -13,11 +13,11 @@ from data_pipeline.loader import DatasetError, TokenLoader, read_dataset_meta
 from dp_helpers import SEQ_LEN, run_module
 
 
-def test_shard_rewritten_in_place_with_valid_ids_is_refused_on_first_open(dp_copy):
+def test_shard_rewritten_in_place_with_valid_ids_is_refused_before_the_first_batch(dp_copy):
     meta = read_dataset_meta(dp_copy)
     loader = TokenLoader(dp_copy, batch_size=2, seq_len=SEQ_LEN, num_workers=1)
-    first_shard = loader.plan.locate(0)[0][0]  # the shard the first batch opens
-    victim = meta.shards[first_shard]
+    first_batch = set(loader.plan.locate(0)[0].tolist())
+    victim = next(s for i, s in enumerate(meta.shards) if i not in first_batch)  # one reader owns every shard
     path = dp_copy / victim.file
     with open(path, "r+b") as f:  # same size, every id in range: only the checksum can tell
         f.seek(512)
@@ -68,3 +68,21 @@ def test_shard_entry_of_the_wrong_kind_exits_2_naming_it(dp_copy):
     r = run_module("data_pipeline.validate", dp_copy)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"error: {meta_file}: field shards[1].bytes is '8 KiB', not an integer")
+
+
+def test_each_shard_is_hashed_by_one_reader_of_the_job_before_its_first_batch(dp_copy, caplog):
+    """Ranks x workers readers split the shards: the dataset is read once more per job start, not once
+    per reader (each reader opens nearly every shard: the order is a global shuffle)."""
+    caplog.set_level(logging.DEBUG, logger="data_pipeline.loader")
+    meta = read_dataset_meta(dp_copy)
+    world_size = 2
+    hashed_by_rank = []
+    for rank in range(world_size):
+        caplog.clear()
+        loader = TokenLoader(dp_copy, batch_size=2, seq_len=SEQ_LEN, rank=rank, world_size=world_size,
+                             num_workers=0)
+        next(iter(loader))  # one batch: its owned shards are hashed before it, whichever it reads
+        hashed_by_rank.append({r.getMessage() for r in caplog.records if "SHA-256 verified" in r.getMessage()})
+    assert all(hashed_by_rank) and not hashed_by_rank[0] & hashed_by_rank[1]
+    assert hashed_by_rank[0] | hashed_by_rank[1] == {f"shard {dp_copy / s.file}: SHA-256 verified"
+                                                     for s in meta.shards}
