@@ -80,12 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "plan":
             measured = read_measured(args.measured) if args.measured else None
             settings = load_settings(args.env)
+            plan = build_plan(settings, measured)
             if args.spares is None:
-                print(format_plan(build_plan(settings, measured)))
-            else:
-                plan = build_plan(spares_alternative(settings, args.spares), measured)
                 print(format_plan(plan))
-                print(format_spares_trade(build_plan(settings, measured), plan))
+            else:
+                alternative = build_plan(spares_alternative(settings, args.spares), measured)
+                print(format_plan(alternative))
+                print(format_spares_trade(plan, alternative))
+                plan = alternative
+            if plan.errors:  # synth refuses the same plan (stacks/app.py: check_plan)
+                print(f"error: the {args.env} plan cannot run ({len(plan.errors)} ERROR line(s) above) — "
+                      f"fix cluster_config/{args.env}.yaml as they say", file=sys.stderr)
+                return 1
         elif args.command == "jobs":
             settings = load_settings(args.env)
             for path in write_job_files(settings, args.out):

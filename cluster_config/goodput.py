@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Protocol
 
 from cluster_config.settings import Settings
@@ -59,9 +60,21 @@ def young_interval_s(save_s: float, failures_per_day: float) -> float:
     return math.sqrt(2 * save_s / (failures_per_day / DAY_S))
 
 
+# Above this mean the quantile's exact sum would take about as many terms as the mean (a hang for a
+# mean of billions); the normal approximation is within a count of it there.
+EXACT_QUANTILE_MEAN = 1000
+
+
+def _poisson_pmf(mean: float, k: int) -> float:
+    """P(Poisson(mean) = k), in logs: exp(-mean) and mean**k alone underflow or overflow for large means."""
+    return math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1))
+
+
 def p_no_spare(mean_down: float, spares: int) -> float:
     """P(Poisson(mean_down) >= spares): a failure finds every spare held by nodes already down."""
-    below = sum(math.exp(-mean_down) * mean_down**k / math.factorial(k) for k in range(spares))
+    if mean_down <= 0:
+        return 0.0 if spares else 1.0
+    below = sum(_poisson_pmf(mean_down, k) for k in range(spares))
     return max(0.0, 1.0 - below)
 
 
@@ -71,12 +84,13 @@ def poisson_quantile(mean: float, q: float) -> int | float:
         return math.inf
     if mean <= 0:
         return 0
-    k, cdf = 0, 0.0
-    while True:  # each term in logs: exp(-mean) alone underflows for a mean of a few hundred
-        cdf += math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1))
-        if cdf >= q:
-            return k
+    if mean > EXACT_QUANTILE_MEAN:  # continuity-corrected: P(X <= k) ~ Phi((k + 0.5 - mean) / sqrt(mean))
+        return math.ceil(mean + NormalDist().inv_cdf(q) * math.sqrt(mean) - 0.5)
+    k, cdf = 0, _poisson_pmf(mean, 0)
+    while cdf < q:
         k += 1
+        cdf += _poisson_pmf(mean, k)
+    return k
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,12 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
         errors.append(f"{name}: needs {need:.0f} GiB per GPU, more than the {usable_gib:.0f} GiB usable on a "
                       f"{gpu.name} ({gpu.memory_gib:.0f} GiB less plan.memory_headroom); in {where}, overrides: "
                       + ", or ".join(fixes))
+    if not good.ettr:  # it never finishes: no deadline or end to compare with
+        errors.append(f"{name}: failures outpace progress: {good.failures_per_day:.2f} a day, each costing "
+                      f"{good.lost_per_failure_s / 3600:.2f} h, leave no time to train (ETTR 0); check "
+                      f"goodput.failures_per_1000_node_days and goodput.recovery_s, or save more often "
+                      f"(checkpoint.every_minutes in the overrides of {where})")
+        return ModelRow(**row), errors, warnings
     deadline = settings.plan.deadline_days
     if deadline and good.days > deadline:
         nodes_needed = math.ceil(base["nodes"] * good.days / deadline)
@@ -357,8 +363,8 @@ def _goodput_warnings(good: Goodput, steps: int, where: str, settings: Settings)
         tail = good.days_p95 - good.failure_free_days  # failures at the 95th percentile, in days
         steps_fit = max(0, int(steps * (available - tail) / good.failure_free_days))
         warnings.append(
-            f"{good.name}: 1 run in 20 finishes after {_utc(start + timedelta(days=good.days_p95))} (expected "
-            f"{_utc(start + timedelta(days=good.days))}), later than {_utc(end)}, when AWS begins terminating the "
+            f"{good.name}: 1 run in 20 finishes after {_after(start, good.days_p95)} (expected "
+            f"{_after(start, good.days)}), later than {_utc(end)}, when AWS begins terminating the "
             f"Capacity Blocks' instances (30 minutes before the earliest gpu_queue.capacity_reservations end); "
             f"lower steps to {steps_fit:,} or fewer in {where}, or start earlier (goodput.training_start)")
     return warnings
@@ -370,6 +376,14 @@ def _percent(p: float) -> str:
 
 def _utc(when: datetime) -> str:
     return when.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _after(start: datetime, days: float) -> str:
+    """``start`` + ``days`` as _utc gives it; a finish millennia away is past what a date holds."""
+    try:
+        return _utc(start + timedelta(days=days))
+    except OverflowError:
+        return f"{days:,.0f} days"
 
 
 def spares_alternative(settings: Settings, spares: int) -> Settings:

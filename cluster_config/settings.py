@@ -15,7 +15,9 @@ from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from training.config import IDENTITY_KEYS, overridden  # torch-free, from jobs/ (cluster_config/__init__.py)
 
+from cluster_config.hardware import GPUS_PER_INSTANCE
 from cluster_config.offerings import check_offered
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -35,8 +37,16 @@ class SettingsError(ValueError):
 
 
 class _Strict(BaseModel):
-    # Unknown keys are typos until proven otherwise; settings never change after loading.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are typos until proven otherwise; settings never change after loading; .nan and .inf
+    # are no sane value of anything here.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# SSH allow-list breadth. A private range reaches the head node only over a VPN or peering, an internet
+# range reaches its public address directly: wider than these is everybody, not an allow-list.
+SSH_WIDEST_PREFIX = 8
+SSH_WIDEST_PUBLIC_PREFIX = 16
+PRIVATE_BLOCKS = tuple(ipaddress.IPv4Network(block) for block in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
 class NetworkSettings(_Strict):
@@ -56,12 +66,21 @@ class NetworkSettings(_Strict):
     @field_validator("ssh_allowed_cidrs")
     @classmethod
     def _ssh_cidrs(cls, values: list[str]) -> list[str]:
+        fix = "remove it to use SSM Session Manager (the default), or list your office/VPN range, e.g. 203.0.113.0/24"
         for value in values:
             network = _parse_cidr(value)
             if network.prefixlen == 0:
+                raise ValueError(f"{value} opens SSH to the whole internet; {fix}")
+            if network.prefixlen < SSH_WIDEST_PREFIX:
                 raise ValueError(
-                    f"{value} opens SSH to the whole internet; remove it to use SSM Session Manager "
-                    "(the default), or list your office/VPN range, e.g. 203.0.113.0/24"
+                    f"{value} opens SSH to {network.num_addresses:,} addresses, more than a /{SSH_WIDEST_PREFIX}; {fix}"
+                )
+            private = any(network.subnet_of(block) for block in PRIVATE_BLOCKS)
+            if not private and network.prefixlen < SSH_WIDEST_PUBLIC_PREFIX:
+                raise ValueError(
+                    f"{value} is an internet range of {network.num_addresses:,} addresses, and the head node has a "
+                    f"public address in its public subnet: list no more than a /{SSH_WIDEST_PUBLIC_PREFIX} of "
+                    f"the internet (your office or VPN egress), or a private range reached over your VPN; or {fix}"
                 )
         return values
 
@@ -75,18 +94,33 @@ CAPACITY_BLOCK_MAX_INSTANCES = 64
 CAPACITY_BLOCK_END_NOTICE = timedelta(minutes=30)
 
 
+# A bootstrap still running after this long is stuck, and a node waits for the timeout before it is replaced.
+MAX_BOOTSTRAP_TIMEOUT_S = 4 * 3600
+
+
 def _bootstrap_timeout(field: str, value: int) -> int:
     if value < PCLUSTER_BOOTSTRAP_TIMEOUT_S:
         raise ValueError(
             f"{value} s is below ParallelCluster's default bootstrap timeout of {PCLUSTER_BOOTSTRAP_TIMEOUT_S} s, "
             f"and a bootstrap that runs out of it fails the node; set {field}: {PCLUSTER_BOOTSTRAP_TIMEOUT_S} or more"
         )
+    if value > MAX_BOOTSTRAP_TIMEOUT_S:
+        raise ValueError(
+            f"{value} s is above {MAX_BOOTSTRAP_TIMEOUT_S} s: a bootstrap that long is stuck, and the node waits out "
+            f"the timeout before it is replaced; set {field} between {PCLUSTER_BOOTSTRAP_TIMEOUT_S} and {MAX_BOOTSTRAP_TIMEOUT_S}"
+        )
     return value
+
+
+# A root volume above 16 TiB (gp3's largest for years) is a typo: the nodes keep their data on FSx.
+MAX_EBS_GIB = 16384
+# Sane ceilings of counts: a queue of more nodes, or a reservation of more instances, is a typo.
+MAX_NODES = 1000
 
 
 class HeadNodeSettings(_Strict):
     instance_type: str
-    root_volume_gib: int = Field(200, ge=40)
+    root_volume_gib: int = Field(200, ge=40, le=MAX_EBS_GIB)
     # DevSettings.Timeouts.HeadNodeBootstrapTimeout: the head node's OnNodeConfigured builds the jobs'
     # PyTorch venv from PyPI, and the CUDA torch wheel with its nvidia-* libraries is ~3-4 GB (~6 min
     # at 10 MB/s) plus the install; ParallelCluster's default (2,100 s in 3.16.1) leaves little margin
@@ -101,7 +135,7 @@ class HeadNodeSettings(_Strict):
 
 class CapacityReservationSettings(_Strict):
     id: str
-    instance_count: int = Field(gt=0)
+    instance_count: int = Field(gt=0, le=MAX_NODES)
     # odcr: an On-Demand Capacity Reservation (nodes start and stop at will, CapacityType ONDEMAND).
     # capacity_block: a Capacity Block for ML (fixed dates, at most 64 instances; CapacityType
     # CAPACITY_BLOCK, and ParallelCluster needs every node static). Both ids start with cr-.
@@ -147,7 +181,7 @@ class EfaSettings(_Strict):
 
 
 class RootVolumeSettings(_Strict):
-    size_gib: int = Field(200, ge=35)
+    size_gib: int = Field(200, ge=35, le=MAX_EBS_GIB)
     iops: int = Field(3000, ge=3000, le=16000)
     throughput_mib_s: int = Field(125, ge=125, le=1000)
 
@@ -155,25 +189,31 @@ class RootVolumeSettings(_Strict):
 class GpuQueueSettings(_Strict):
     name: str = "gpu"
     instance_type: str
-    gpus_per_instance: int = Field(gt=0)
-    min_count: int = Field(0, ge=0)
-    max_count: int = Field(gt=0)
+    # Follows from instance_type where cluster_config/hardware.py knows it; required for another type.
+    gpus_per_instance: int = Field(gt=0, le=16)
+    min_count: int = Field(0, ge=0, le=MAX_NODES)
+    max_count: int = Field(gt=0, le=MAX_NODES)
     # One compute resource each (render.py). Several: a Capacity Block holds at most 64 instances,
     # so a larger reserved queue is several blocks. All of one kind: CapacityType is per queue.
     capacity_reservations: list[CapacityReservationSettings] = Field(default_factory=list)
     placement_group: bool = True
     efa: EfaSettings = EfaSettings()
     root_volume: RootVolumeSettings = RootVolumeSettings()
-    price_per_instance_hour_usd: float = Field(gt=0)
+    price_per_instance_hour_usd: float = Field(gt=0, le=1000)
     # Nodes kept out of every model's share (its Slurm QOS), so that a job requeued after a node
     # failure restarts at once instead of waiting for ParallelCluster to replace the node. What N
     # spares buy and cost, and which models give up the nodes: `python -m cluster_config plan --env
     # ENV --spares N` (docs/goodput.md).
-    spare_nodes: int = Field(0, ge=0)
+    spare_nodes: int = Field(0, ge=0, le=MAX_NODES)
     # With a Capacity Block end: minutes before capacity_end (AWS's termination notice) from which
     # Slurm starts nothing on the queue (a maintenance reservation); room for a save that overran its
     # limit to finish under SIGTERM (KillWait). Synth checks it (cluster_config/capacity_end.py).
-    capacity_end_lead_min: int = Field(10, gt=0)
+    capacity_end_lead_min: int = Field(10, gt=0, le=24 * 60)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _queue_name("gpu_queue", value, "gpu", "jobs/acceptance.sh")
 
     @model_validator(mode="before")
     @classmethod
@@ -184,6 +224,20 @@ class GpuQueueSettings(_Strict):
                 "Capacity Block); write capacity_reservations: [{id: cr-..., instance_count: N, kind: odcr}]"
             )
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpus(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("instance_type") not in GPUS_PER_INSTANCE:
+            return data
+        known, given = GPUS_PER_INSTANCE[data["instance_type"]], data.get("gpus_per_instance")
+        if given is not None and given != known:
+            raise ValueError(
+                f"gpus_per_instance {given} differs from the {known} GPUs of a {data['instance_type']}: the jobs would "
+                f"ask Slurm for {given} GPUs a node and the plan would size for them; remove gpus_per_instance "
+                "(it follows from instance_type)"
+            )
+        return {**data, "gpus_per_instance": known}
 
     @model_validator(mode="after")
     def _counts(self) -> "GpuQueueSettings":
@@ -273,8 +327,13 @@ class GpuQueueSettings(_Strict):
 class CpuQueueSettings(_Strict):
     name: str = "cpu"
     instance_type: str
-    min_count: int = Field(0, ge=0)
-    max_count: int = Field(gt=0)
+    min_count: int = Field(0, ge=0, le=MAX_NODES)
+    max_count: int = Field(gt=0, le=MAX_NODES)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _queue_name("cpu_queue", value, "cpu", "jobs/backup.sh, jobs/preprocess.sh and jobs/sync_dataset.sh")
 
     @model_validator(mode="after")
     def _counts(self) -> "CpuQueueSettings":
@@ -282,9 +341,28 @@ class CpuQueueSettings(_Strict):
         return self
 
 
+def _queue_name(key: str, value: str, fixed: str, scripts: str) -> str:
+    # The jobs bundle submits to the queue by this name in #SBATCH --partition lines, which sbatch reads
+    # before any of the settings could reach the script: another name would leave those jobs pending.
+    if value != fixed:
+        raise ValueError(f"{value!r}: the jobs bundle submits to the partition {fixed!r} by name ({scripts}); "
+                         f"set {key}.name: {fixed}")
+    return value
+
+
 def _check_counts(min_count: int, max_count: int) -> None:
     if min_count > max_count:
         raise ValueError(f"min_count {min_count} is above max_count {max_count}; lower min_count")
+
+
+# Where a file system may not be mounted: the operating system's and ParallelCluster's own directories
+# (mounted over, their files vanish) or anything under them; and the usual parents of mounts themselves
+# (ParallelCluster's SharedStorageMountDirValidator refuses both kinds).
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
+               "/sbin", "/sys", "/tmp", "/usr", "/var")
+MOUNT_PARENTS = ("/mnt", "/media", "/srv")
+# A sane ceiling of one file system's size: 2 PiB.
+MAX_FSX_GIB = 2400 * 900
 
 
 class FileSystemSettings(_Strict):
@@ -296,6 +374,9 @@ class FileSystemSettings(_Strict):
     @field_validator("storage_capacity_gib")
     @classmethod
     def _capacity(cls, value: int) -> int:
+        if value > MAX_FSX_GIB:
+            raise ValueError(f"{value} GiB is above {MAX_FSX_GIB} GiB (2 PiB), more than any training run here needs; "
+                             "lower it to a multiple of 2400")
         if value not in (1200, 2400) and (value <= 0 or value % 2400):
             above = (value // 2400 + 1) * 2400 if value > 1200 else 1200
             below = 1200 if above <= 2400 else above - 2400
@@ -309,8 +390,13 @@ class FileSystemSettings(_Strict):
     @field_validator("mount_dir")
     @classmethod
     def _mount_dir(cls, value: str) -> str:
-        if not re.fullmatch(r"/[A-Za-z0-9_\-/]+", value) or value.endswith("/"):
+        if not re.fullmatch(r"/[A-Za-z0-9_\-/]+", value) or value.endswith("/") or "//" in value:
             raise ValueError(f"{value!r} must be an absolute path without a trailing slash, e.g. /fsx/data")
+        system = [d for d in SYSTEM_DIRS if value == d or value.startswith(d + "/")]
+        if system or value in MOUNT_PARENTS:
+            where = f"on or under {system[0]}" if system else f"on {value}"
+            raise ValueError(f"{value!r} mounts the file system {where}, which the operating system or ParallelCluster "
+                             "uses; mount it elsewhere, e.g. /fsx/data")
         return value
 
     @property
@@ -327,13 +413,21 @@ class StorageSettings(_Strict):
     checkpoints: FileSystemSettings
     logs: FileSystemSettings
     # What training reads per GPU per second, for the planner's throughput check.
-    data_read_mb_s_per_gpu: float = Field(2.0, ge=0)
+    data_read_mb_s_per_gpu: float = Field(2.0, ge=0, le=10000)
 
     @model_validator(mode="after")
     def _distinct_mounts(self) -> "StorageSettings":
         mounts = [self.data.mount_dir, self.checkpoints.mount_dir, self.logs.mount_dir]
         if len(set(mounts)) != len(mounts):
             raise ValueError(f"mount_dir values must differ, got {mounts}")
+        for outer, fs in self.file_systems().items():
+            for inner, other in self.file_systems().items():
+                if other.mount_dir.startswith(fs.mount_dir + "/"):
+                    raise ValueError(
+                        f"{inner}.mount_dir {other.mount_dir} lies inside {outer}.mount_dir {fs.mount_dir}: it would "
+                        f"hide that part of {outer}, or stay empty where {outer} mounts last; mount each file system "
+                        "beside the others, e.g. /fsx/data, /fsx/checkpoints, /fsx/logs"
+                    )
         offered = FSX_THROUGHPUTS[self.deployment_type]
         for name, fs in self.file_systems().items():
             if fs.throughput_per_tib not in offered:
@@ -347,22 +441,36 @@ class StorageSettings(_Strict):
         return {"data": self.data, "checkpoints": self.checkpoints, "logs": self.logs}
 
 
+# Training-config keys a model's entry sets (cluster_config/model_configs.py), and the entry's field for each.
+ENTRY_KEYS = {"name": "name", "model.preset": "preset", "data.path": "dataset", "data.tokenizer": "tokenizer",
+              "data.seq_len": "seq_len", "train.steps": "steps", "train.global_batch_size": "global_batch_size"}
+
+
+def _data_path(value: str) -> None:
+    # jobs/preprocess.sh reads a model's paths back as words split on spaces, and the trainer expands
+    # $ in them: plain characters only.
+    if not re.fullmatch(r"[A-Za-z0-9._/-]+", value):
+        raise ValueError(f"{value!r} holds a space or a character the shell treats specially; use letters, "
+                         "digits and . _ - / only")
+
+
 class ModelPlan(_Strict):
     """One model sharing the cluster, described once: its job script and training config are derived
     from this entry (cluster_config/model_jobs.py), in every environment."""
 
     name: str
-    nodes: int = Field(gt=0)  # its share of the GPU queue, enforced by its Slurm QOS
+    nodes: int = Field(gt=0, le=MAX_NODES)  # its share of the GPU queue, enforced by its Slurm QOS
     preset: str  # model shape: one of jobs/training/presets.py
     # jobs/training/configs/<recipe>.yaml: optimizer, parallelism, micro-batch, checkpoint cadence;
     # default: the recipe named like the preset.
     recipe: Optional[str] = None
-    seq_len: int = Field(gt=0)  # tokens per sequence; the dataset is tokenized at this length
-    global_batch_size: int = Field(gt=0)  # sequences per optimizer step
-    steps: int = Field(gt=0)  # optimizer steps; tokens = steps x global_batch_size x seq_len
+    seq_len: int = Field(gt=0, le=2**20)  # tokens per sequence; the dataset is tokenized at this length
+    global_batch_size: int = Field(gt=0, le=2**20)  # sequences per optimizer step
+    steps: int = Field(gt=0, le=10**8)  # optimizer steps; tokens = steps x global_batch_size x seq_len
     dataset: str  # token shards, under storage.data.mount_dir (jobs/preprocess.sh MODEL=<name> writes them)
     tokenizer: str  # folder with tokenizer.json, under storage.data.mount_dir (or a path starting with /)
-    # Further training-config keys for this model, e.g. {train.micro_batch_size: 4}.
+    # Further training-config keys for this model, e.g. {train.micro_batch_size: 4}; never one the entry
+    # sets itself (ENTRY_KEYS) nor the model's identity (its folders: training.config.IDENTITY_KEYS).
     overrides: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")
@@ -377,9 +485,32 @@ class ModelPlan(_Strict):
     @field_validator("dataset")
     @classmethod
     def _relative(cls, value: str) -> str:
+        _data_path(value)
         if value.startswith("/") or ".." in value.split("/") or not value.strip("/"):
             raise ValueError(f"{value!r} must be a folder under storage.data.mount_dir, e.g. tokenized/model1")
         return value.strip("/")
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str) -> str:
+        _data_path(value)
+        if ".." in value.split("/") or not value.strip("/"):
+            raise ValueError(f"{value!r} must be a folder under storage.data.mount_dir (e.g. tokenizers/llama2) "
+                             "or an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _overrides(self) -> "ModelPlan":
+        for key in self.overrides:
+            entry = overridden(key, tuple(ENTRY_KEYS))
+            if entry:
+                raise ValueError(f"{self.name}: overrides set {entry}, which the entry sets itself; "
+                                 f"set {ENTRY_KEYS[entry]}: in the entry instead")
+            identity = overridden(key, IDENTITY_KEYS)
+            if identity:
+                raise ValueError(f"{self.name}: overrides set {identity}, but a model's checkpoints and logs lie in "
+                                 f"folders named after it (its jobs look for them there); remove {key}")
+        return self
 
     @property
     def recipe_name(self) -> str:
@@ -396,13 +527,14 @@ class PlanSettings(_Strict):
     # (benchmarks/results/gpu_check_H100, communication absent): model7's rank 0 compiled 52-55 % (eager
     # 33-40 %), the 70B and 13B recipes at 2 layers 45 % and 38 %: kept at 0.40 until the acceptance run
     # measures the real layouts with their communication (plan --measured).
-    mfu: float = Field(0.40, gt=0, le=1)
-    deadline_days: Optional[float] = Field(None, gt=0)  # flag models that finish later than this
-    vocab_size: int = Field(32000, gt=0)  # the tokenizer's vocabulary (Llama 2's: 32,000)
+    # Below 1 %, days and failures grow past any meaning.
+    mfu: float = Field(0.40, ge=0.01, le=1)
+    deadline_days: Optional[float] = Field(None, gt=0, le=3650)  # flag models that finish later than this
+    vocab_size: int = Field(32000, gt=0, le=2**20)  # the tokenizer's vocabulary (Llama 2's: 32,000)
     # Share of GPU memory held back for the CUDA context, NCCL buffers and allocator fragmentation.
     memory_headroom: float = Field(0.10, ge=0, lt=1)
-    gpu_memory_gib: Optional[float] = Field(None, gt=0)  # default: from gpu_queue.instance_type
-    gpu_peak_tflops: Optional[float] = Field(None, gt=0)  # dense bf16; default: from the instance type
+    gpu_memory_gib: Optional[float] = Field(None, gt=0, le=1024)  # default: from gpu_queue.instance_type
+    gpu_peak_tflops: Optional[float] = Field(None, gt=0, le=10000)  # dense bf16; default: from the instance type
 
 
 class GoodputSettings(_Strict):
@@ -411,19 +543,20 @@ class GoodputSettings(_Strict):
     # Unexpected interruptions per 1,000 node-days. 3.8: Llama 3's pre-training, 419 in 54 days on
     # 16,384 H100 = 2,048 nodes (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.4);
     # Kokolis et al. 2024 (arXiv 2410.21680) measured 2.3 and 6.5 on two research clusters.
-    failures_per_1000_node_days: float = Field(3.8, ge=0)
+    # At most 1,000: every node failing once a day.
+    failures_per_1000_node_days: float = Field(3.8, ge=0, le=1000)
     # From a failure to the restarted job's first step, when a node is free to restart on: detection
     # (a dead peer fails the collective within train.timeout_s, 100 s; a hang waits for the progress
     # watchdog, at least 180 s), the requeue (Slurm's prolog health check, its hold on a requeued
     # job) and the restart (rendezvous, NCCL start-up, reading the checkpoint: ~2 min for the 70B).
     # An assumption: the recovery benchmark measured 28 s on the local cluster, with a tiny model
     # and an 8 s watchdog (docs/training.md, Benchmarks), a floor rather than a production figure.
-    recovery_s: float = Field(600, ge=0)
+    recovery_s: float = Field(600, ge=0, le=86400)
     # A failed node's replacement, waited for when no spare node is free: clustermgtd finds the
     # DOWN/DRAINED static node within its 60 s loop and terminates it, the Capacity Block frees the
     # slot after several minutes of clean-up, and the new instance boots and runs the compute
     # bootstrap, which ParallelCluster fails after compute_bootstrap_timeout_s (2,100 s = 35 min).
-    node_replacement_min: float = Field(25, gt=0)
+    node_replacement_min: float = Field(25, gt=0, le=1440)
     # When the models' jobs start, with its zone (e.g. 2027-01-04T13:30:00Z); with the Capacity
     # Blocks' end (gpu_queue.capacity_reservations[].end) a model finishing after it is flagged.
     training_start: Optional[datetime] = None
@@ -448,7 +581,7 @@ class AlertsSettings(_Strict):
     # Addresses subscribed to the environment's SNS alert topic; each confirms the e-mail AWS sends.
     email: list[str] = Field(default_factory=list)
     # TrainingStalled fires after max(this, 5 x the model's median step time) without a step.
-    stall_floor_s: int = Field(600, gt=0)
+    stall_floor_s: int = Field(600, gt=0, le=86400)
 
     @field_validator("email")
     @classmethod
@@ -507,8 +640,11 @@ class Settings(_Strict):
     @field_validator("cluster_name")
     @classmethod
     def _cluster_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,59}", value):
-            raise ValueError(f"{value!r} is not a valid ParallelCluster name: a letter, then letters, digits and '-', at most 60")
+        # 40, not ParallelCluster's usual 60: with Slurm accounting (the database stack, always here) it
+        # appends up to 24 characters to the name (pcluster/constants.py, PCLUSTER_NAME_MAX_LENGTH_SLURM_ACCOUNTING).
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,39}", value):
+            raise ValueError(f"{value!r} is not a valid ParallelCluster name with Slurm accounting: a letter, then "
+                             "letters, digits and '-', at most 40 characters in all, e.g. llm-prod")
         return value
 
     @model_validator(mode="after")
@@ -518,8 +654,13 @@ class Settings(_Strict):
                 f"availability_zone {self.availability_zone!r} is not in region {self.region!r}; "
                 f"use the zone of the capacity reservation, e.g. {self.region}a"
             )
-        if self.gpu_queue.name == self.cpu_queue.name:
-            raise ValueError(f"gpu_queue.name and cpu_queue.name are both {self.gpu_queue.name!r}; give them different names")
+        held = max(self.gpu_queue.reserved_count, self.gpu_queue.min_count)
+        if not self.models and held:
+            raise ValueError(
+                f"models: none listed, but gpu_queue holds {held} nodes (capacity_reservations or min_count) that "
+                "would be paid for and sit idle; list the models that train on them (see models: in prod.yaml), "
+                "or remove the reservations and set gpu_queue.min_count: 0"
+            )
         names = [model.name for model in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"models: names must be unique, got {names}")

@@ -3,6 +3,9 @@
 # runs this with the model's name; it and the model's training config jobs/models/<model>.yaml are
 # derived from the model's entry in the settings (cluster_config/model_jobs.py) and shipped with jobs/:
 #   sbatch jobs/train_model1.sh [--config FILE] [section.key=value ...]   (from the bundle's root)
+# The run is the model's own (the trainer's --model): name=, checkpoint.dir=, log.dir=, log.tensorboard_dir=
+# and data.path= are refused as arguments, a user error (exit 2, no requeue), since its STATUS,
+# FAILURE and logs are read from the model's folders below.
 #
 # The #SBATCH block of the model scripts, explained once here:
 #   --job-name=<model>         names the job and, through %x, its log files
@@ -170,7 +173,7 @@ launcher=(torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" -
   --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$RDZV_PORT" -m training.train)
 if [[ -n ${TRAIN_LAUNCHER:-} ]]; then read -ra launcher <<<"$TRAIN_LAUNCHER"; fi
 srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" "${container[@]}" "${ignore_usr1[@]}" \
-  "${launcher[@]}" --config "$CONFIG" name="$MODEL" "$@" &
+  "${launcher[@]}" --config "$CONFIG" --model "$MODEL" "$@" &
 train_pid=$!
 rc=0
 wait "$train_pid" || rc=$?

@@ -77,10 +77,13 @@ class NetworkStack(cdk.Stack):
         self.compute_sg.add_ingress_rule(self.head_node_sg, ec2.Port.all_traffic(), "Slurm and NFS from the head node")
         self.head_node_sg.add_ingress_rule(self.compute_sg, ec2.Port.all_traffic(), "Slurm and NFS from compute nodes")
         for port in LUSTRE_PORTS:
+            # to_string(): "988", "1018-1023"; str() of the jsii object holds its memory address, which
+            # would change every rule's description, and so replace the rule, at every synth.
+            ports = port.to_string()
             for peer, who in ((self.fsx_sg, "file servers"), (self.head_node_sg, "head node"), (self.compute_sg, "compute nodes")):
-                self.fsx_sg.add_ingress_rule(peer, port, f"Lustre {port} from the {who}")
+                self.fsx_sg.add_ingress_rule(peer, port, f"Lustre {ports} from the {who}")
             for client in (self.head_node_sg, self.compute_sg):
-                client.add_ingress_rule(self.fsx_sg, port, f"Lustre {port} from the file servers")
+                client.add_ingress_rule(self.fsx_sg, port, f"Lustre {ports} from the file servers")
 
         self.placement_group: Optional[ec2.CfnPlacementGroup] = None
         if settings.gpu_queue.placement_group:

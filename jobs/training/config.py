@@ -23,6 +23,18 @@ from .presets import PRESETS  # torch-free: the cluster settings check configs w
 
 MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/<model>.yaml, derived from the settings
 
+# What makes a run a model's own: its name, the folders named after it (where jobs/train.sh reads the
+# run's STATUS and FAILURE) and the data its settings entry gives it. Overridden, a model's job would
+# write into another model's checkpoints or train on another's data: a model's job refuses them as
+# arguments (``load_config(..., model=...)``), and the settings refuse them as a model's overrides.
+IDENTITY_KEYS = ("name", "checkpoint.dir", "log.dir", "log.tensorboard_dir", "data.path")
+MODEL_FOLDERS = ("checkpoint.dir", "log.dir", "log.tensorboard_dir")  # empty: derived from the name
+
+
+def overridden(key: str, keys: tuple[str, ...]) -> Optional[str]:
+    """The first of ``keys`` an override of ``key`` sets: the key itself, or one in the section it replaces."""
+    return next((k for k in keys if k == key or k.startswith(key + ".")), None)
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field and the fix."""
@@ -188,18 +200,31 @@ class Config(_Section):
         return self.train.global_batch_size // per_step
 
 
-def load_config(path: str | os.PathLike | dict | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | os.PathLike | dict | None = None, overrides: list[str] = (),
+                model: Optional[str] = None) -> Config:
     """Defaults, then the YAML file (or a mapping already read), then ``section.key=value`` overrides;
-    validated and resolved."""
+    validated and resolved. ``model``: the run is that model's job (jobs/train.sh): named after it,
+    its folders derived from the name, and none of IDENTITY_KEYS taken from an override."""
     raw: dict = {}
     if isinstance(path, dict):
         raw = copy.deepcopy(path)
     elif path is not None:
         raw = read_config_file(path)
+    if model is not None:
+        raw["name"] = model
+        for key in MODEL_FOLDERS:
+            section, leaf = key.split(".")
+            if isinstance(raw.get(section), dict) and raw[section].get(leaf):
+                raise ConfigError(f"{key} is set in {path}, but {model}'s job keeps its run under {model}'s own "
+                                  f"folder (jobs/train.sh looks there); remove {key} from the file")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not section.key=value, e.g. train.steps=100")
+        identity = overridden(key, IDENTITY_KEYS) if model is not None else None
+        if identity:
+            raise ConfigError(f"override {item!r}: {identity} is {model}'s own and follows from its settings entry; "
+                              f"remove the argument (to train another model, submit jobs/train_<model>.sh)")
         try:
             set_key(raw, key, yaml.safe_load(value))
         except ConfigError as exc:

@@ -262,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="config keys (section.key=default  meaning):\n" + config_keys())
     parser.add_argument("--config", help="YAML config file (see jobs/training/configs/)")
+    parser.add_argument("--model", help="the model whose job this is (jobs/train.sh): the run takes its name, and "
+                                        "its name, folders and data.path cannot be overridden")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)  # overrides may come before and after a later --config
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, model=args.model)
     except ConfigError as exc:
         _report_user_error(f"config error: {exc}")
         return fail(exc, "see --help for every key")

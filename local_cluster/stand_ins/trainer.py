@@ -4,7 +4,7 @@
         SIM_TIME_SCALE=2000 sbatch --gpus-per-node=0 jobs/train_model7.sh
 
 ``jobs/train.sh`` runs it in its srun step instead of torchrun + ``training.train`` (one task per node),
-with the trainer's own arguments (``--config FILE``, ``section.key=value``). It keeps what a failure and
+with the trainer's own arguments (``--config FILE``, ``--model MODEL``, ``section.key=value``). It keeps what a failure and
 a restart see of the trainer, in compressed time (``SIM_TIME_SCALE`` simulated seconds per second):
 
 - rank 0 resumes from the checkpoint ``latest`` names, reading it for ``SIM_LOAD_S`` (default
@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = ArgumentParser(prog="trainer.py", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config file, as training.train takes it")
+    parser.add_argument("--model", help="the model whose job this is, as training.train takes it")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)
     rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.config import ConfigError, load_config  # torch-free; only rank 0 reads the config
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, model=args.model)
     except ConfigError as exc:
         failure = os.environ.get("TRAIN_FAILURE_FILE")
         if failure:

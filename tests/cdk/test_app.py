@@ -99,3 +99,17 @@ def test_the_app_prints_the_plan_and_the_stacks_print_nothing(capfd, tmp_path):
     result = run_app(env="dev")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("Plan for dev: ") == 1
+
+
+def test_synth_is_byte_identical_from_one_run_to_the_next(each_env, tmp_path):
+    # A second synth in a process of its own (another hash seed, other object addresses): any text
+    # that differs (an object's repr in a description, a set's order) would make every deploy
+    # replace the resources that hold it.
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({"env": each_env.settings.name}), "CDK_OUTDIR": str(tmp_path),
+           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+    result = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    first, second = (sorted(p.relative_to(out) for p in out.rglob("*.template.json")) for out in (each_env.outdir, tmp_path))
+    assert first == second and first
+    for name in first:
+        assert (each_env.outdir / name).read_bytes() == (tmp_path / name).read_bytes(), f"{name} differs between synths"

@@ -79,3 +79,37 @@ def test_presets_have_the_published_shapes():
     # The seed's names grow with the shapes (the exact count depends on the vocabulary).
     ordered = ["1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "310.1b"]
     assert [sizes[n] for n in ordered] == sorted(sizes[n] for n in ordered)
+
+
+@pytest.mark.parametrize(("argument", "identity"), [
+    ("name=model2", "name"), ("checkpoint.dir=/fsx/checkpoints/model2", "checkpoint.dir"), ("log.dir=/tmp/logs", "log.dir"),
+    ("log.tensorboard_dir=/tmp/tb", "log.tensorboard_dir"), ("data.path=/fsx/data/tokenized/model2", "data.path"),
+    ("checkpoint={dir: /fsx/checkpoints/model2}", "checkpoint.dir"),  # the whole section, its dir with it
+])
+def test_a_models_job_refuses_its_identity_as_an_argument(argument, identity):
+    # jobs/train.sh runs the trainer with --model: name=model2 would write into model2's checkpoints,
+    # and train.sh would read the run's STATUS and FAILURE from model1's folder.
+    with pytest.raises(ConfigError) as refused:
+        load_config(CONFIGS / "tiny.yaml", [argument], model="model1")
+    assert str(refused.value).startswith(f"override {argument!r}: {identity} is model1's own")
+    load_config(CONFIGS / "tiny.yaml", [argument])  # outside a model's job: any run of one's own
+
+
+def test_a_models_job_takes_its_name_and_folders_from_the_model(tmp_path):
+    cfg = load_config(CONFIGS / "tiny.yaml", [], model="model3")  # tiny.yaml names model1
+    assert (cfg.name, cfg.checkpoint.dir, cfg.log.dir) == ("model3", "/fsx/checkpoints/model3", "/fsx/logs/model3")
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text((CONFIGS / "tiny.yaml").read_text() + "checkpoint: {dir: /fsx/checkpoints/model2}\n")
+    with pytest.raises(ConfigError, match=f"checkpoint.dir is set in {elsewhere}, but model3's job keeps its run"):
+        load_config(elsewhere, [], model="model3")
+
+
+def test_the_trainer_reports_an_identity_argument_as_a_user_error(tmp_path, monkeypatch, capsys):
+    from training import train  # torch: imported by this test only
+
+    failure = tmp_path / "FAILURE"
+    monkeypatch.setenv("TRAIN_FAILURE_FILE", str(failure))
+    assert train.main(["--config", str(CONFIGS / "tiny.yaml"), "--model", "model1", "name=model2"]) == 2
+    assert "error: override 'name=model2': name is model1's own" in capsys.readouterr().err
+    # train.sh's recovery reads "user:": the job stops with exit 2 instead of requeueing.
+    assert failure.read_text().startswith("user: config error: override 'name=model2': name is model1's own")
