@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the settings read GPUS_PER_INSTANCE from here
+if TYPE_CHECKING:
     from cluster_config.settings import Settings
 
 
@@ -20,11 +20,6 @@ class Gpu:
     node_link_gb_s: float = 0.0
     network_gb_s: float = 0.0
 
-
-# GPUs of each instance type (EC2 instance types): gpu_queue.gpus_per_instance follows from it, and a
-# different count in the settings is refused (the jobs would ask Slurm for GPUs the nodes lack).
-GPUS_PER_INSTANCE = {"p5e.48xlarge": 8, "p5en.48xlarge": 8, "p5.48xlarge": 8, "p4de.24xlarge": 8, "p4d.24xlarge": 8,
-                     "g5.12xlarge": 4, "g5.48xlarge": 8}
 
 # NVLink 4 (H100/H200 SXM): 900 GB/s per GPU, 450 each way; NVLink 3 (A100): 600, 300 each way.
 # EFA: p5/p5e/p5en 3,200 Gbps per instance, p4d/p4de 400 Gbps, g5.48xlarge 100 Gbps (EC2 instance types).

@@ -16,6 +16,11 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "instance_offerings.json"
 
+# GPUs of each instance type (EC2 instance types): gpu_queue.gpus_per_instance follows from it, and a
+# different count in the settings is refused (the jobs would ask Slurm for GPUs the nodes lack).
+GPUS_PER_INSTANCE = {"p5e.48xlarge": 8, "p5en.48xlarge": 8, "p5.48xlarge": 8, "p4de.24xlarge": 8, "p4d.24xlarge": 8,
+                     "g5.12xlarge": 4, "g5.48xlarge": 8}
+
 
 @lru_cache(maxsize=1)
 def _offerings() -> dict[str, dict[str, frozenset[str]]]:

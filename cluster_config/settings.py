@@ -17,8 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from training.config import IDENTITY_KEYS, overridden  # torch-free, from jobs/ (cluster_config/__init__.py)
 
-from cluster_config.hardware import GPUS_PER_INSTANCE
-from cluster_config.offerings import check_offered
+from cluster_config.offerings import GPUS_PER_INSTANCE, check_offered
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
