@@ -25,6 +25,7 @@ checkpoints. So the trainer's rank 0 takes ``<checkpoint dir>/LEASE`` before any
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from atomic_file import temporary_name
 
+log = logging.getLogger(__name__)
 LEASE = "LEASE"
 # Slurm job states in which the job's processes may still write (squeue --format=%T).
 LIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
@@ -86,13 +88,17 @@ def acquire(directory: Path) -> Holder:
         if text is None:
             continue  # removed meanwhile (its holder ended): try to create it again
         holder = _parse(text)
-        if holder is not None and not holder.same_writer(me):
-            alive = _alive(holder)
-            if alive:
-                raise CheckpointInUse(
-                    f"{directory} is in use by {holder.describe()}: {alive}. One job writes a model's "
-                    f"checkpoints at a time; this job stops without touching them. Wait for that job or cancel one "
-                    f"of the two{f' (scancel {holder.job})' if holder.job else ''}")
+        if holder is None:
+            log.warning("%s cannot be read: taking it over", path)
+        elif holder.same_writer(me):
+            log.info("taking back the lease on %s from this job's previous start, %s", directory, holder.describe())
+        elif alive := _alive(holder):
+            raise CheckpointInUse(
+                f"{directory} is in use by {holder.describe()}: {alive}. One job writes a model's "
+                f"checkpoints at a time; this job stops without touching them. Wait for that job or cancel one "
+                f"of the two{f' (scancel {holder.job})' if holder.job else ''}")
+        else:
+            log.warning("taking over the lease on %s from %s, which no longer runs", directory, holder.describe())
         _take_over(path, text, me)
     raise CheckpointInUse(f"could not take the lease {path}: other jobs are taking it at the same time")
 
