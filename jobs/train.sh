@@ -133,8 +133,9 @@ python -m training.recovery start "$LOG_DIR"  # a "launch" event with SLURM_REST
 export TORCH_FR_BUFFER_SIZE="${TORCH_FR_BUFFER_SIZE:-2000}"
 export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_FR_DUMP_TEMP_FILE="$LOG_DIR/fr_trace_${SLURM_JOB_ID}_rank"
-# Where a worker says why it failed ("user: ..." for bad input, "hang: ..." from the watchdog).
-export TRAIN_FAILURE_FILE="$CKPT_DIR/FAILURE"
+# Where a worker says why it failed ("user: ..." for bad input, "hang: ..." from the watchdog); one file per job,
+# so a second job of the model, refused at start, neither removes the first's reason nor leaves it its own.
+export TRAIN_FAILURE_FILE="$CKPT_DIR/FAILURE.$SLURM_JOB_ID"
 # SIGTERM (scancel, the time limit) to SIGKILL: Slurm's KillWait, sized for a save (CustomSlurmSettings).
 # torchrun would otherwise kill the saving workers after its own 30 s.
 KILL_WAIT="$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3 }')"

@@ -2,21 +2,33 @@
 
 Layout of a model's checkpoint directory::
 
+    LEASE                   the one job writing here (training.lease); a second one refuses to start
     step_00000500/          one checkpoint: DCP shards (*.distcp), .metadata, train_meta.json
     step_00001000/
+    step_00001500.partial-job1234-9f2c0a1b/   a save being written, by the lease holder
+    step_00000250.deleting-job1234-9f2c0a1b/  a checkpoint being pruned
     latest                  "step_00001000": the newest complete checkpoint, written last
 
-A checkpoint counts only once it is complete: DCP writes ``.metadata`` after every rank's data,
-then rank 0 writes ``train_meta.json`` (what the checkpoint holds) and only then replaces
-``latest`` atomically. A folder newer than ``latest`` is an unfinished save and is ignored.
-Resuming never silently starts again: if ``latest`` exists and no checkpoint loads, the run
-stops (``NothingLoadable``) naming each one and why; skipped newer ones are moved aside, never
-deleted.
+A checkpoint is written under a temporary name of its writer's own and counts only once it is
+complete: DCP writes ``.metadata`` after every rank's data, then rank 0 writes
+``train_meta.json`` (what the checkpoint holds), renames the folder to ``step_<N>`` and only
+then replaces ``latest`` atomically. So a ``step_<N>`` folder is never half written, and a save
+of a step that is already there (a resume from an older step) replaces it only at its commit. A
+folder newer than ``latest`` is a save whose commit did not finish and is ignored. ``latest``
+never moves backwards: a commit older than the step it names means another writer has been at
+work, and the run stops (``CheckpointInUse``) leaving ``latest`` as it is. Resuming never
+silently starts again: if ``latest`` exists and no checkpoint loads, the run stops
+(``NothingLoadable``) naming each one and why; skipped newer ones are moved aside, never
+deleted, and ``latest`` is set back to the checkpoint resumed from.
 
 At most one save is in flight: the state is copied to CPU memory (the only time training
 waits), written by a background thread, and the next save first waits for the previous one.
 Old checkpoints are deleted by a cleaner thread on rank 0, never in the training loop: removing
 a 70B checkpoint's folder on Lustre takes long enough to stall every rank at the next collective.
+A checkpoint to delete is first renamed to a ``.deleting-`` name, so a process killed while
+deleting it (every infrastructure failure ends with ``os._exit``) leaves no half-deleted folder
+that looks complete. Temporary folders left by crashed runs are removed by the next lease holder
+at its start: while it holds the lease, no other job writes them.
 
 Full disks: before each save, rank 0 compares the checkpoint's size (every tensor of the state,
 counted once) with the free space of the file system and all ranks follow its answer. A periodic
@@ -52,12 +64,17 @@ from atomic_file import write_atomic
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.tensor import DTensor
 
+from . import lease
 from .distributed import Dist
+from .lease import CheckpointInUse
 
 log = logging.getLogger(__name__)
 LATEST = "latest"
 META = "train_meta.json"
 STEP_DIR = re.compile(r"step_(\d{8})")
+# Folders of unfinished saves and unfinished deletions, by the writer whose name they end with.
+PARTIAL, DELETING = ".partial-", ".deleting-"
+LEFTOVER = re.compile(r"step_\d{8}\.(partial|deleting)-.+")
 
 
 SPACE_MARGIN = 1.05  # DCP metadata and file-system block rounding on top of the tensors' bytes
@@ -94,16 +111,29 @@ class Checkpointer:
         self._pending: tuple[Future, int, float] | None = None
         # One stager for the whole run, so pinned CPU buffers are allocated once (GPU only).
         self._stager = DefaultStager(StagingOptions(d.on_gpu, False, False, False)) if async_save else None
-        self._cleaner: ThreadPoolExecutor | None = None  # rank 0's pruning thread, started at the first commit
+        self._cleaner: ThreadPoolExecutor | None = None  # rank 0's deleting thread, started when first needed
+        self.holder: lease.Holder | None = None  # rank 0: this run's lease on the folder
+        refusal = ""
         if d.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.holder = lease.acquire(self.dir)
+            except CheckpointInUse as exc:
+                refusal = str(exc)
+        decision = [refusal, self.holder.name if self.holder else ""]
+        dist.broadcast_object_list(decision, src=0, group=d.checkpoint_group)
+        if decision[0]:
+            raise CheckpointInUse(decision[0])
+        self.writer = decision[1]  # ends the names of this run's temporary folders, the same on every rank
+        if d.is_main:
+            self._clear_leftovers()
 
     # --- saving ---------------------------------------------------------------------------------
     def save(self, step: int, state: dict, *, wait: bool = False) -> float:
         """Save ``state`` as step ``step``; returns the seconds training was blocked."""
         start = time.perf_counter()
         self.wait()
-        path = self.step_dir(step)
+        path = self.partial_dir(step)
         problem = self._no_room(step, state)
         if problem and wait:
             raise NoRoomForCheckpoint(f"{problem}: cannot save the final checkpoint. Free space there (or lower "
@@ -122,7 +152,8 @@ class Checkpointer:
                 dcp.save(own, checkpoint_id=path, process_group=self.d.checkpoint_group)
             except (Exception, dcp.CheckpointException) as exc:
                 self._failed(step, exc)
-                raise NoRoomForCheckpoint(f"the final checkpoint {path} could not be written ({_first_line(exc)}); "
+                raise NoRoomForCheckpoint(f"the final checkpoint {self.step_dir(step)} could not be written "
+                                          f"({_first_line(exc)}); "
                                           f"`latest` still names step {self.latest_step()}") from None
             self._commit(step, start)
         return time.perf_counter() - start
@@ -152,7 +183,7 @@ class Checkpointer:
         log.error("checkpoint step %d could not be written (%s: %s); `latest` still names step %d",
                   step, type(exc).__name__, _first_line(exc), self.latest_step())
         if self.d.is_main:
-            shutil.rmtree(self.step_dir(step), ignore_errors=True)
+            shutil.rmtree(self.partial_dir(step), ignore_errors=True)
 
     def poll(self) -> None:
         """Commit the in-flight save if it has finished; never blocks."""
@@ -177,37 +208,80 @@ class Checkpointer:
             self._stager.close()
         if self._cleaner is not None:
             self._cleaner.shutdown(wait=True)
+        if self.holder is not None:
+            lease.release(self.dir, self.holder)
 
     def _commit(self, step: int, start: float) -> None:
+        """Make the written save ``step_<N>`` and name it in ``latest`` (rank 0; every rank's data and DCP's
+        ``.metadata`` are on disk once rank 0's save has returned)."""
         if not self.d.is_main:
             return
-        path = self.step_dir(step)
-        write_atomic(path / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity}, indent=1))
+        partial, path = self.partial_dir(step), self.step_dir(step)
+        if not lease.holds(self.dir, self.holder):
+            raise CheckpointInUse(
+                f"{self.dir / lease.LEASE} no longer names this run ({self.holder.describe()}): another job took "
+                f"this model's checkpoints. Checkpoint step {step} is left uncommitted in {partial.name}, `latest` "
+                f"untouched, and this run stops")
+        latest = self.latest_step()
+        if step < latest:
+            raise CheckpointInUse(
+                f"'{LATEST}' in {self.dir} names step {latest}, newer than this run's checkpoint step {step}: "
+                f"another job has written this model's checkpoints since this run started. '{LATEST}' stays at "
+                f"step {latest}, checkpoint step {step} is left uncommitted in {partial.name}, and this run stops")
+        write_atomic(partial / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity},
+                                                indent=1))
+        if path.exists():  # saved before by a run that did not commit it, or resumed from an older step
+            replaced = self.deleting_dir(step)
+            path.rename(replaced)
+            self._in_cleaner(shutil.rmtree, replaced, ignore_errors=True)
+        partial.rename(path)
         write_atomic(self.dir / LATEST, path.name + "\n")
         log.info("checkpoint step %d complete in %s (%.1f s after the save started)", step, path, time.perf_counter() - start)
+        self._in_cleaner(self._prune, step)
+
+    def _in_cleaner(self, work, *args, **kwargs) -> None:
         if self._cleaner is None:
             self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-cleaner")
-        self._cleaner.submit(self._prune, step)
+        self._cleaner.submit(work, *args, **kwargs)
 
     def _prune(self, committed: int) -> None:
         """Keep the newest ``keep`` complete checkpoints up to ``committed`` (just named by ``latest``).
 
-        Runs on the cleaner thread. Only folders older than ``committed`` are candidates, so neither
-        the checkpoint being written nor the one just committed (nor one loaded at start, until
-        ``keep`` newer ones are complete) is ever removed.
+        Runs on the cleaner thread. Only ``step_<N>`` folders older than ``committed`` are candidates,
+        so neither a save being written (a temporary name) nor the checkpoint just committed (nor one
+        loaded at start, until ``keep`` newer ones are complete) is ever removed. Each is renamed
+        before it is deleted: a crash in between leaves a ``.deleting-`` folder, which is no checkpoint.
         """
         try:
             older = [s for s in self.steps() if s < committed]
             complete = [s for s in older if self.is_complete(s)]
             doomed = complete[: max(len(complete) - (self.keep - 1), 0)] + [s for s in older if not self.is_complete(s)]
             for step in sorted(doomed):
-                shutil.rmtree(self.step_dir(step), ignore_errors=True)
+                doomed_path = self.deleting_dir(step)
+                self.step_dir(step).rename(doomed_path)
+                shutil.rmtree(doomed_path, ignore_errors=True)
         except Exception:  # a failed clean-up must not end the run; the next commit tries again
             log.exception("pruning old checkpoints in %s failed", self.dir)
+
+    def _clear_leftovers(self) -> None:
+        """Delete the temporary folders of crashed runs: unfinished saves and deletions (on the cleaner thread).
+
+        Only the lease holder calls this, so none of them belongs to a live writer."""
+        for path in sorted(self.dir.iterdir()):
+            if LEFTOVER.fullmatch(path.name):
+                log.info("removing %s, left by a run that ended before finishing it", path.name)
+                self._in_cleaner(shutil.rmtree, path, ignore_errors=True)
 
     # --- finding and loading --------------------------------------------------------------------
     def step_dir(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}"
+
+    def partial_dir(self, step: int) -> Path:
+        """Where this run writes ``step`` until it commits it."""
+        return self.dir / f"step_{step:08d}{PARTIAL}{self.writer}"
+
+    def deleting_dir(self, step: int) -> Path:
+        return self.dir / f"step_{step:08d}{DELETING}{self.writer}"
 
     def steps(self) -> list[int]:
         if not self.dir.is_dir():
@@ -271,6 +345,9 @@ class Checkpointer:
             self._from_replica_0(target)
             log.info("resumed from %s in %.1f s", path, time.perf_counter() - start)
             self._set_aside([s for s, _ in failures])
+            if step != latest and self.d.is_main:  # this run's commits follow the checkpoint it resumed from
+                write_atomic(self.dir / LATEST, path.name + "\n")
+                log.warning("'%s' set back from step %d to %s, the checkpoint resumed from", LATEST, latest, path.name)
             return step
         detail = "; ".join(f"{self.step_dir(s).name}: {why}" for s, why in failures) or "no step folders"
         raise NothingLoadable(

@@ -27,7 +27,7 @@ from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, re
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from . import distributed
-from .checkpoint import CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
+from .checkpoint import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
 from .determinism import set_determinism
 from .evaluate import Evaluator
@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s [rank{d.rank}] %(levelname)s %(name)s: %(message)s")
     try:
         train(cfg, d)
-    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable) as exc:  # bad input: exit 2 (docs/cli.md)
+    # Bad input, or another job writing this model's checkpoints: exit 2, no requeue (docs/cli.md).
+    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable, CheckpointInUse) as exc:
         _report_user_error(str(exc))
         if d.is_main:
             return fail(exc)

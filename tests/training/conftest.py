@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,27 @@ from local_cluster import demo_data
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "jobs/training/configs/tiny.yaml"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.fixture(scope="module")
+def d():
+    """A real one-process gloo group (what DCP coordinates over)."""
+    from training import distributed  # torch: only for the tests that use it
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MASTER_ADDR", "127.0.0.1")
+    mp.setenv("MASTER_PORT", str(free_port()))
+    mp.setenv("RANK", "0")
+    mp.setenv("WORLD_SIZE", "1")
+    yield distributed.init(timeout_s=60)
+    distributed.shutdown()
+    mp.undo()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
