@@ -125,3 +125,23 @@ def _policy_statements(arn: str) -> list:
     document = json.loads(document) if isinstance(document, str) else document
     statements = document["Statement"]
     return statements if isinstance(statements, list) else [statements]
+
+
+def _plain(value, region: str | None = None):
+    """A JSON-ready value; with ``region``, CloudFormation's Fn::Join and pseudo parameters in it as plain strings."""
+    if region is None:
+        return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+    if isinstance(value, list):
+        return [_plain(item, region) for item in value]
+    if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+        separator, parts = value["Fn::Join"]
+        return separator.join(_plain(part, region) for part in parts)
+    if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"].startswith("AWS::"):
+        return {"AWS::Partition": "aws", "AWS::Region": region, "AWS::URLSuffix": "amazonaws.com"}.get(value["Ref"], value["Ref"])
+    if isinstance(value, dict):
+        return {key: _plain(item, region) for key, item in value.items()}
+    return value
+
+
+if __name__ == "__main__":
+    main()

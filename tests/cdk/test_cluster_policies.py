@@ -26,6 +26,6 @@ def test_backup_policy_puts_objects_under_each_models_prefix_and_deletes_nothing
     properties = managed_policy(prod, "backup_upload_policy")
     assert properties["Path"] == PCLUSTER_POLICY_PATH
     (statement,) = properties["PolicyDocument"]["Statement"]
-    assert statement["Action"] == ["s3:PutObject", "s3:AbortMultipartUpload"]
+    assert sorted(statement["Action"]) == ["s3:AbortMultipartUpload", "s3:PutObject"]
     suffixes = [resource["Fn::Join"][1][-1] for resource in statement["Resource"]]
     assert suffixes == [f"/{model.name}/*" for model in prod.settings.models]
