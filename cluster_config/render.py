@@ -41,18 +41,33 @@ JOBS_HOME_SIZE_GIB = 100
 # volume (LVM, one stripe per disk: RAID 0) and mounts it here; the node scripts keep a data cache on it.
 LOCAL_CACHE_DIR = "/local_cache"
 
-# The head node uploads raw text and datasets to the data bucket (README: `python -m
-# data_pipeline.upload sync ... s3://<data bucket>/...`) and reads them back (verify, restore).
-# ParallelCluster's S3Access with EnableWriteAccess grants s3:* on a bucket, which would let the head
-# node change the bucket's ACL ownership, encryption or public access block; this policy grants the
-# upload's own calls only: HeadBucket and listing (ListBucket), HeadObject and GetObject, PutObject
-# (multipart uploads included) and cleaning up a failed multipart upload. No delete of any kind.
+# The head node (users, README: `python -m data_pipeline.upload sync ... s3://<data bucket>/...`) and
+# the CPU queue (jobs/sync_dataset.sh, the same command) upload to the data bucket and read it back
+# (verify, restore). ParallelCluster's S3Access with EnableWriteAccess grants s3:* on a bucket, which
+# would let any job delete every dataset or change the bucket's encryption, ACLs or object lock; this
+# policy grants the upload's own calls only: HeadBucket and listing (ListBucket), HeadObject and
+# GetObject, PutObject (multipart uploads included) and cleaning up a failed multipart upload. No
+# delete of any kind. Dataset keys are chosen by users (any path under the data file system), so the
+# objects are granted bucket-wide.
 DATA_UPLOAD_BUCKET_ACTIONS = ("s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads")
 DATA_UPLOAD_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
 # ParallelCluster attaches AdditionalIamPolicies only from policy/parallelcluster* or policy/parallelcluster/*
 # when it runs with its documented least-privilege permissions (its CLI user policy, and the provider
 # Lambda of create_cluster: true): the policy lives under this path.
 PCLUSTER_POLICY_PATH = "/parallelcluster/"
+# The backup job (jobs/backup.sh -> training.backup) writes new objects under its model's prefix of the
+# backup bucket and aborts its own failed multipart uploads; it reads through the read-only S3Access.
+# PutObject covers CreateMultipartUpload, UploadPart and CompleteMultipartUpload. The bucket policy
+# (stacks/storage_stack.py) refuses a write without If-None-Match, so no key is ever replaced.
+BACKUP_UPLOAD_ACTIONS = ("s3:PutObject", "s3:AbortMultipartUpload")
+# Session Manager's instance-side calls (the documented minimal instance profile for Session Manager;
+# AWS's managed AWSCloud9SSMInstanceProfile holds the same five): the agent registers the instance and
+# opens the session channels. No Parameter Store, Run Command, inventory or patching, and no session
+# logging to S3 or KMS-encrypted sessions (add s3:GetEncryptionConfiguration / kms:Decrypt if either is
+# turned on in the account's Session Manager preferences).
+SESSION_MANAGER_INSTANCE_ACTIONS = ("ssm:UpdateInstanceInformation",)
+SESSION_MANAGER_CHANNEL_ACTIONS = ("ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+                                   "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel")
 
 SCALEDOWN_IDLE_MINUTES = 15  # idle dynamic nodes go after this; a job queued meanwhile reuses them warm
 LOG_RETENTION_DAYS = 90
@@ -90,10 +105,11 @@ class ClusterResources:
     checkpoint_bucket: str
     assets_bucket: str
     backup_bucket: str
-    data_upload_policy_arn: str  # the managed policy of data_upload_policy(), attached to the head node
+    data_upload_policy_arn: str  # the managed policy of data_upload_policy(): head node and CPU queue
+    backup_upload_policy_arn: str  # the managed policy of backup_upload_policy(): CPU queue
+    session_manager_policy_arn: str  # the managed policy of session_manager_policy(): every node
     monitoring_policy_arn: str  # the head node's metric agent: remote write, EC2 discovery (stacks/alerts_stack.py)
     placement_group_name: Optional[str] = None
-    partition: str = "aws"
     database: Optional[SlurmDatabase] = None
 
     @classmethod
@@ -116,6 +132,10 @@ class ClusterResources:
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
             backup_bucket=f"{settings.cluster_name}-backups-{settings.account}",
             data_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-data-upload",
+            backup_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-backup-upload",
+            session_manager_policy_arn=(
+                f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-session-manager"
+            ),
             monitoring_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-monitoring",
             placement_group_name=placement_group,
             database=SlurmDatabase(
@@ -185,7 +205,7 @@ def models_file(settings: Settings) -> str:
 
 
 def data_upload_policy(data_bucket_arn: str) -> dict[str, Any]:
-    """The head node's policy on the data bucket (an IAM policy document); the cluster stack creates it."""
+    """The head node's and the CPU queue's policy on the data bucket (an IAM policy document); the cluster stack creates it."""
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -193,6 +213,32 @@ def data_upload_policy(data_bucket_arn: str) -> dict[str, Any]:
              "Resource": data_bucket_arn},
             {"Sid": "ReadWriteDataObjects", "Effect": "Allow", "Action": list(DATA_UPLOAD_OBJECT_ACTIONS),
              "Resource": f"{data_bucket_arn}/*"},
+        ],
+    }
+
+
+def backup_upload_policy(backup_bucket_arn: str, models: list[str]) -> dict[str, Any]:
+    """The CPU queue's write access to the backup bucket: new objects under each model's prefix
+    (training.backup writes ``<model>/...`` only), nothing at the bucket's root or any other prefix."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "WriteModelBackups", "Effect": "Allow", "Action": list(BACKUP_UPLOAD_ACTIONS),
+             "Resource": [f"{backup_bucket_arn}/{model}/*" for model in models]},
+        ],
+    }
+
+
+def session_manager_policy(partition: str, region: str, account: str) -> dict[str, Any]:
+    """Session Manager on every node, in place of AmazonSSMManagedInstanceCore (which also grants
+    ssm:GetParameter* on every parameter of the account to any job)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "RegisterInstance", "Effect": "Allow", "Action": list(SESSION_MANAGER_INSTANCE_ACTIONS),
+             "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*"},
+            # The ssmmessages actions have no resource types (Service Authorization Reference): "*" only.
+            {"Sid": "SessionChannels", "Effect": "Allow", "Action": list(SESSION_MANAGER_CHANNEL_ACTIONS), "Resource": "*"},
         ],
     }
 
@@ -347,12 +393,14 @@ def _cpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
             "AdditionalSecurityGroups": [resources.compute_security_group_id],
         },
         "Iam": {
-            "AdditionalIamPolicies": [_ssm_policy(resources)],
-            # Preprocessing writes shards to the data bucket (jobs/sync_dataset.sh), the backup job
-            # final checkpoints and logs to the backup bucket; neither touches the checkpoint bucket.
+            # The dataset sync writes to the data bucket (data_upload_policy), the backup job new objects
+            # under each model's prefix of the backup bucket (backup_upload_policy); neither touches the
+            # checkpoint bucket. Never EnableWriteAccess: ParallelCluster grants that as s3:*.
+            "AdditionalIamPolicies": [_ssm_policy(resources), {"Policy": resources.data_upload_policy_arn},
+                                      {"Policy": resources.backup_upload_policy_arn}],
             "S3Access": [
-                {"BucketName": resources.data_bucket, "EnableWriteAccess": True},
-                {"BucketName": resources.backup_bucket, "EnableWriteAccess": True},
+                {"BucketName": resources.data_bucket, "EnableWriteAccess": False},
+                {"BucketName": resources.backup_bucket, "EnableWriteAccess": False},
                 {"BucketName": resources.assets_bucket, "EnableWriteAccess": False},
             ],
         },
@@ -430,7 +478,7 @@ def _directory_setup_action(
 
 
 def _ssm_policy(resources: ClusterResources) -> dict[str, str]:
-    return {"Policy": f"arn:{resources.partition}:iam::aws:policy/AmazonSSMManagedInstanceCore"}
+    return {"Policy": resources.session_manager_policy_arn}
 
 
 def _ssh_allowed_ips(settings: Settings) -> str:

@@ -5,10 +5,10 @@
 # e.g. again after an interruption (only what is missing or different in S3 is sent again):
 #   sbatch jobs/backup.sh MODEL
 #
-# Writes s3://<backup bucket>/<model>/step_<N>/... (every object checked: size + SHA-256), then
-# <model>/latest, then the model's log folder (metrics, TensorBoard, Slurm logs) to <model>/logs/
-# with a SHA-256 manifest. No FSx link reaches that bucket: pruning or deleting checkpoints on
-# /fsx/checkpoints leaves the backup alone.
+# Writes s3://<backup bucket>/<model>/step_<N>/... and the model's log folder (metrics, TensorBoard,
+# Slurm logs) to <model>/logs/step_<N>/ (every object checked: size + SHA-256), then
+# <model>/verified/step_<N>. Write-once: no object is ever replaced, a new step gets new keys. No FSx
+# link reaches that bucket: pruning or deleting checkpoints on /fsx/checkpoints leaves the backup alone.
 #
 # Environment: CHECKPOINT_S3_URI (s3://<backup bucket>, written by the node setup), FSX_CHECKPOINTS,
 # FSX_LOGS (jobs/env.sh defaults).
@@ -34,5 +34,4 @@ if [[ -z ${CHECKPOINT_S3_URI:-} ]]; then
 fi
 dest="${CHECKPOINT_S3_URI%/}/$MODEL"
 echo "backup of $MODEL on $(hostname): $FSX_CHECKPOINTS/$MODEL -> $dest"
-python -m training.backup "$FSX_CHECKPOINTS/$MODEL" "$dest"
-python -m data_pipeline.upload sync "$FSX_LOGS/$MODEL" "$dest/logs"
+python -m training.backup "$FSX_CHECKPOINTS/$MODEL" "$dest" --logs "$FSX_LOGS/$MODEL"

@@ -22,11 +22,13 @@ from cluster_config.render import (
     PCLUSTER_VERSION,
     ClusterResources,
     SlurmDatabase,
+    backup_upload_policy,
     config_key,
     data_upload_policy,
     models_file,
     models_key,
     render_cluster_config,
+    session_manager_policy,
 )
 from cluster_config.capacity_end import capacity_end_file, capacity_end_key
 from cluster_config.model_jobs import job_files
@@ -66,15 +68,36 @@ class ClusterStack(cdk.Stack):
         # A stack that owns a running cluster must not go by accident (see docs/cluster.md).
         super().__init__(scope, construct_id, env=env, termination_protection=settings.create_cluster, **kwargs)
 
-        # The head node's write access to the data bucket, for uploads users run there (README, data pipeline).
+        # The cluster roles' rights beyond ParallelCluster's read-only S3Access (docs/cluster.md has the table).
+        # Write access to the data bucket: uploads users run on the head node (README, data pipeline)
+        # and the CPU queue's dataset sync.
         self.data_upload_policy = iam.ManagedPolicy(
             self,
             "HeadNodeDataUpload",
-            description="The cluster's head node uploads to and reads the data bucket; it may not delete",
+            description="The head node and the CPU queue upload to and read the data bucket; they may not delete",
             path=PCLUSTER_POLICY_PATH,
             document=iam.PolicyDocument.from_json(data_upload_policy(storage.data_bucket.bucket_arn)),
         )
         nag.acknowledge_data_upload_policy(self.data_upload_policy)
+        # The CPU queue's backup job: new objects under each model's prefix of the backup bucket.
+        self.backup_upload_policy = iam.ManagedPolicy(
+            self,
+            "BackupUpload",
+            description="The CPU queue writes new backup objects under each model's prefix; no delete, no overwrite",
+            path=PCLUSTER_POLICY_PATH,
+            document=iam.PolicyDocument.from_json(
+                backup_upload_policy(storage.backup_bucket.bucket_arn, [model.name for model in settings.models])),
+        )
+        nag.acknowledge_backup_upload_policy(self.backup_upload_policy)
+        # Session Manager on every node, without AmazonSSMManagedInstanceCore's Parameter Store reads.
+        self.session_manager_policy = iam.ManagedPolicy(
+            self,
+            "SessionManager",
+            description="Session Manager's instance-side calls only: no Parameter Store, no Run Command",
+            path=PCLUSTER_POLICY_PATH,
+            document=iam.PolicyDocument.from_json(session_manager_policy(self.partition, self.region, self.account)),
+        )
+        nag.acknowledge_session_manager_policy(self.session_manager_policy)
         self.resources = ClusterResources(
             head_node_subnet_id=network.head_node_subnet.subnet_id,
             compute_subnet_id=network.compute_subnet.subnet_id,
@@ -86,9 +109,10 @@ class ClusterStack(cdk.Stack):
             assets_bucket=storage.assets_bucket.bucket_name,
             backup_bucket=storage.backup_bucket.bucket_name,
             data_upload_policy_arn=self.data_upload_policy.managed_policy_arn,
+            backup_upload_policy_arn=self.backup_upload_policy.managed_policy_arn,
+            session_manager_policy_arn=self.session_manager_policy.managed_policy_arn,
             monitoring_policy_arn=alerts.head_node_policy.managed_policy_arn,
             placement_group_name=network.placement_group.ref if network.placement_group else None,
-            partition=cdk.Aws.PARTITION,
             database=SlurmDatabase(uri=database.uri, user_name=database.instance_user, password_secret_arn=database.secret.secret_arn),
         )
         self.config = render_cluster_config(settings, self.resources)

@@ -104,6 +104,24 @@ def acknowledge_data_upload_policy(policy: Construct) -> None:
     )))
 
 
+def acknowledge_backup_upload_policy(policy: Construct) -> None:
+    """The CPU queue's write access to the backup bucket (cluster_config.render.backup_upload_policy)."""
+    policy.node.add_validation(_AcknowledgeObjectWildcards(policy, (
+        "The backup job writes a new key per checkpoint step and log file under its model's prefix "
+        "(<model>/*), one prefix per model of the settings; the bucket policy refuses any overwrite."
+    )))
+
+
+def acknowledge_session_manager_policy(policy: Construct) -> None:
+    """Session Manager on every node (cluster_config.render.session_manager_policy)."""
+    policy.node.add_validation(_AcknowledgeStatementResources(policy, {
+        "RegisterInstance": "The agent registers its own instance; instance ids are assigned at launch, so the "
+                            "account's instances in the region are named.",
+        "SessionChannels": "The ssmmessages session-channel actions have no resource types (Service Authorization "
+                           "Reference); they open Session Manager channels for this instance only.",
+    }))
+
+
 def acknowledge_monitoring_policy(policy: Construct) -> None:
     """The head node's metric agent policy (cluster_config.monitoring.head_node_policy)."""
     acknowledge(
@@ -141,6 +159,23 @@ class _AcknowledgeObjectWildcards:
                 text = _flatten(resource)
                 if text.endswith("/*"):
                     acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Resource::{text}]", reason)
+        return []
+
+
+@jsii.implements(IValidation)
+class _AcknowledgeStatementResources:
+    """Acknowledge the wildcard resource of each named statement (Sid) of one policy, with its own reason;
+    resolved at validation time, like the ARNs cdk-nag reports."""
+
+    def __init__(self, policy: Construct, reasons: dict[str, str]) -> None:
+        self.policy = policy
+        self.reasons = reasons
+
+    def validate(self) -> list[str]:
+        document = cdk.Stack.of(self.policy).resolve(self.policy.node.default_child.policy_document)
+        for statement in document["Statement"]:
+            resource = _flatten(statement["Resource"])
+            acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Resource::{resource}]", self.reasons[statement["Sid"]])
         return []
 
 

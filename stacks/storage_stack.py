@@ -18,11 +18,14 @@ ALL_EVENTS = ["NEW", "CHANGED", "DELETED"]
 # so a week: time to notice an accidental delete on FSx without paying for a month of prunes.
 BACKUP_NONCURRENT_DAYS = 90
 CHECKPOINT_NONCURRENT_DAYS = 7
-# What a cluster node may never do to a bucket holding user data. ParallelCluster grants a queue's
-# writable buckets as s3:* (S3Access, EnableWriteAccess), which would let a job delete old versions
-# or turn versioning off; its roles all live under this IAM path.
-IRREVERSIBLE_ACTIONS = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "s3:PutBucketVersioning",
-                        "s3:PutLifecycleConfiguration", "s3:PutBucketPolicy", "s3:DeleteBucketPolicy"]
+# What a cluster node may never do to a bucket holding user data: delete anything (a current object,
+# an old version, the bucket), or change how the bucket keeps data (versioning, lifecycle, object lock,
+# replication), who may reach it (policy, ACLs, ownership, public access block), its encryption or its
+# access logging. Allow policies grant none of these; the deny also holds against a policy added later.
+# ParallelCluster's roles all live under PCLUSTER_ROLE_PATH; administrators are not affected.
+CLUSTER_DENIED_ACTIONS = ["s3:Delete*", "s3:PutBucket*", "s3:PutLifecycleConfiguration", "s3:PutEncryptionConfiguration",
+                          "s3:PutReplicationConfiguration", "s3:PutObjectAcl", "s3:PutObjectVersionAcl",
+                          "s3:PutObjectRetention", "s3:PutObjectLegalHold", "s3:BypassGovernanceRetention"]
 PCLUSTER_ROLE_PATH = "/parallelcluster/"
 
 
@@ -51,8 +54,8 @@ class StorageStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.RETAIN,
             server_access_logs=False,
         )
-        # Versioned: CPU nodes write (and may delete) shards here, and with PERSISTENT_1 the file system
-        # exports into it; a mistaken delete or overwrite stays recoverable for 30 days.
+        # Versioned: the head node and CPU nodes write (never delete) shards here, and with PERSISTENT_1 the
+        # file system exports into it; a mistaken overwrite stays recoverable for 30 days.
         self.data_bucket = self._bucket(
             "DataBucket",
             removal_policy=cdk.RemovalPolicy.RETAIN,
@@ -76,6 +79,7 @@ class StorageStack(cdk.Stack):
         )
         for bucket in (self.data_bucket, self.checkpoint_bucket, self.backup_bucket):
             self._keep_versions_from_cluster_nodes(bucket)
+        self._write_once_from_cluster_nodes(self.backup_bucket)
         # Scripts and configs, re-uploaded by every deploy: nothing to keep.
         self.assets_bucket = self._bucket(
             "AssetsBucket", removal_policy=cdk.RemovalPolicy.DESTROY, auto_delete_objects=True
@@ -143,18 +147,40 @@ class StorageStack(cdk.Stack):
         )
 
     def _keep_versions_from_cluster_nodes(self, bucket: s3.Bucket) -> None:
-        """Deny the cluster's roles every action that loses data for good: with versioning, a
-        delete from a node only hides the current version. Administrators are not affected."""
+        """Deny the cluster's roles every delete and every change to the bucket's configuration."""
         bucket.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="ClusterNodesKeepVersions",
                 effect=iam.Effect.DENY,
                 principals=[iam.AnyPrincipal()],
-                actions=IRREVERSIBLE_ACTIONS,
+                actions=CLUSTER_DENIED_ACTIONS,
                 resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
-                conditions={"ArnLike": {"aws:PrincipalArn": f"arn:{self.partition}:iam::{self.account}:role{PCLUSTER_ROLE_PATH}*"}},
+                conditions={"ArnLike": {"aws:PrincipalArn": self._cluster_roles()}},
             )
         )
+
+    def _write_once_from_cluster_nodes(self, bucket: s3.Bucket) -> None:
+        """Deny the cluster's roles any object write that could replace an existing key: PutObject and
+        CompleteMultipartUpload must carry If-None-Match (S3 then refuses a key that exists). The
+        multipart steps before the completion cannot carry the header, so they are exempt
+        (s3:ObjectCreationOperation is false for them); the completion decides whether the key is written."""
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="ClusterNodesWriteOnce",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects("*")],
+                conditions={
+                    "ArnLike": {"aws:PrincipalArn": self._cluster_roles()},
+                    "Null": {"s3:if-none-match": "true"},
+                    "Bool": {"s3:ObjectCreationOperation": "true"},
+                },
+            )
+        )
+
+    def _cluster_roles(self) -> str:
+        return f"arn:{self.partition}:iam::{self.account}:role{PCLUSTER_ROLE_PATH}*"
 
     def _file_system(
         self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack, repository: s3.Bucket | None

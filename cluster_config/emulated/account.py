@@ -26,10 +26,12 @@ from cluster_config.render import (
     NODE_SCRIPTS_PREFIX,
     PCLUSTER_POLICY_PATH,
     ClusterResources,
+    backup_upload_policy,
     data_upload_policy,
     models_file,
     models_key,
     render_cluster_config,
+    session_manager_policy,
 )
 from cluster_config.settings import Settings
 
@@ -88,20 +90,23 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
     secret = client("secretsmanager").create_secret(Name=f"{settings.cluster_name}-slurmdbd", SecretString="emulated")
     database = replace(placeholders.database, password_secret_arn=secret["ARN"])
 
-    # The head node's AdditionalIamPolicies entries, which ParallelCluster's AdditionalIamPolicyValidator looks up.
-    data_upload = client("iam").create_policy(
-        PolicyName=f"{settings.cluster_name}-data-upload", Path=PCLUSTER_POLICY_PATH,
-        PolicyDocument=json.dumps(data_upload_policy(f"arn:aws:s3:::{placeholders.data_bucket}")),
-    )["Policy"]["Arn"]
-    monitoring = client("iam").create_policy(
-        PolicyName=f"{settings.cluster_name}-monitoring", Path=PCLUSTER_POLICY_PATH,
-        PolicyDocument=json.dumps(head_node_policy(f"arn:aws:aps:{settings.region}:{settings.account}:workspace/ws-emulated")),
-    )["Policy"]["Arn"]
+    # The nodes' AdditionalIamPolicies entries, which ParallelCluster's AdditionalIamPolicyValidator looks up.
+    def policy(suffix: str, document: dict) -> str:
+        return client("iam").create_policy(PolicyName=f"{settings.cluster_name}-{suffix}", Path=PCLUSTER_POLICY_PATH,
+                                           PolicyDocument=json.dumps(document))["Policy"]["Arn"]
+
+    data_upload = policy("data-upload", data_upload_policy(f"arn:aws:s3:::{placeholders.data_bucket}"))
+    backup_upload = policy("backup-upload", backup_upload_policy(f"arn:aws:s3:::{placeholders.backup_bucket}",
+                                                                 [model.name for model in settings.models]))
+    session_manager = policy("session-manager", session_manager_policy("aws", settings.region, settings.account))
+    monitoring = policy("monitoring", head_node_policy(f"arn:aws:aps:{settings.region}:{settings.account}:workspace/ws-emulated"))
 
     resources = replace(
         placeholders,
         database=database,
         data_upload_policy_arn=data_upload,
+        backup_upload_policy_arn=backup_upload,
+        session_manager_policy_arn=session_manager,
         monitoring_policy_arn=monitoring,
         head_node_subnet_id=net(network.head_node_subnet.subnet_id),
         compute_subnet_id=net(network.compute_subnet.subnet_id),

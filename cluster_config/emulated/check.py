@@ -41,6 +41,8 @@ class Report:
     validators: list[str]
     stubbed: list[str]
     updates: dict[str, dict[str, Any]] = field(default_factory=dict)  # scenario -> {allowed, rows}
+    # node (HeadNode or a queue) -> {managed_policy_arns, statements}: the roles ParallelCluster's template makes
+    iam: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[dict[str, str]]:
@@ -129,11 +131,13 @@ def check_environment(
     templates: dict[str, dict],
     *,
     with_updates: bool = True,
+    with_iam: bool = False,
     edit_config: Callable[[dict], None] | None = None,
     extra_updates: Callable[[Deployed], dict[str, tuple[dict, dict]]] | None = None,
 ) -> Report:
     """Deploy into a fresh emulated account, validate the rendered config, check the update scenarios.
 
+    ``with_iam`` also returns the node roles ParallelCluster's template would create (``Report.iam``).
     ``edit_config`` changes the rendered config before validation and ``extra_updates`` adds
     (base, target) config pairs to check: tests use them to re-create configs the settings now refuse.
     """
@@ -157,7 +161,7 @@ def check_environment(
             answer = _run_child({
                 "endpoint": endpoint, "region": settings.region, "cluster_name": settings.cluster_name,
                 "config": to_yaml(deployed.config), "reservations": list(reservations.values()),
-                "placement_groups": deployed.placement_groups, "patches": patches,
+                "placement_groups": deployed.placement_groups, "patches": patches, "iam": with_iam,
             })
     finally:
         for key, value in previous.items():
@@ -166,7 +170,7 @@ def check_environment(
             else:
                 os.environ[key] = value
     return Report(settings.name, deployed.config, answer["failures"], answer["error"], answer["validators"],
-                  answer["stubbed"], answer["patches"])
+                  answer["stubbed"], answer["patches"], answer["iam"])
 
 
 def update_check(base: Settings, target: Settings) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def running(account: str = "123456789012", host: str = "127.0.0.1", timeout: flo
     server = subprocess.Popen(
         [sys.executable, "-m", "cluster_config.emulated.moto_server", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        # AWS managed policies (AmazonSSMManagedInstanceCore) exist in every account: load moto's copy of them.
+        # AWS managed policies exist in every account: load moto's copy of them.
         env={**os.environ, **FAKE_AWS_ENV, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true", "MOTO_ACCOUNT_ID": account},
     )
     try:

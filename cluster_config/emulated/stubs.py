@@ -165,6 +165,8 @@ def reservation_description(settings: dict[str, Any]) -> list[dict[str, Any]]:
     queue = settings["gpu_queue"]
     return [{
         "CapacityReservationId": reservation["id"],
+        # ParallelCluster's compute role names it (its AllowRunningReservedCapacity statement).
+        "CapacityReservationArn": f"arn:aws:ec2:{settings['region']}:{settings['account']}:capacity-reservation/{reservation['id']}",
         "InstanceType": queue["instance_type"],
         "InstancePlatform": "Linux/UNIX",
         "AvailabilityZone": settings["availability_zone"],

@@ -117,7 +117,8 @@ def test_pruning_and_deleting_checkpoints_on_fsx_leaves_the_backup_untouched(s3,
 
     backup(fsx / "model1", f"{env['CHECKPOINT_S3_URI']}/model1", client=s3)  # what jobs/backup.sh runs
     backed_up = objects(s3, resources.backup_bucket, "model1/")
-    assert set(backed_up) == {f"model1/{STEP}/{n}" for n in (".metadata", "train_meta.json", "__0_0.distcp", "__1_0.distcp")} | {"model1/latest"}
+    assert set(backed_up) == {f"model1/{STEP}/{n}" for n in (".metadata", "train_meta.json", "__0_0.distcp", "__1_0.distcp")} | {
+        f"model1/verified/{STEP}"}
     link.import_(s3)  # the backup's writes never come back into the file system
     assert {p.relative_to(fsx).as_posix() for p in fsx.rglob("*") if p.is_file()} == set(files)
 
@@ -133,7 +134,7 @@ def test_pruning_and_deleting_checkpoints_on_fsx_leaves_the_backup_untouched(s3,
     # The backup: same objects, same versions, same bytes as the checkpoint that was on FSx.
     assert objects(s3, resources.backup_bucket, "model1/") == backed_up
     for key, (_, body) in backed_up.items():
-        if key != "model1/latest":
+        if key != f"model1/verified/{STEP}":
             assert hashlib.sha256(body).hexdigest() == files[key], key
 
 
@@ -144,9 +145,10 @@ def test_a_backup_under_the_checkpoint_link_would_be_lost(s3, dev, tmp_path):
     fsx = tmp_path / "fsx-checkpoints"
     link = CheckpointFileSystem(dev, fsx)
     checkpoint_folder(fsx, "model1", [100, 200, 300])
-    link.export(s3)
+    # Before the export: backups never replace an object, and the export writes the same keys.
     backup(fsx / "model1", f"s3://{resources.checkpoint_bucket}/model1", client=s3)
+    link.export(s3)
     assert len(objects(s3, resources.checkpoint_bucket, f"model1/{STEP}/")) == 4
     shutil.rmtree(fsx / "model1")
     link.export(s3)
-    assert objects(s3, resources.checkpoint_bucket, "model1/") == {}
+    assert objects(s3, resources.checkpoint_bucket, f"model1/{STEP}/") == {}  # the "backup" of the step went with it

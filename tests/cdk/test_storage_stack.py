@@ -1,5 +1,7 @@
 """The storage stack: secured buckets, three FSx for Lustre file systems and their S3 links."""
 
+from fnmatch import fnmatchcase
+
 import pytest
 from aws_cdk import aws_fsx as fsx
 
@@ -107,17 +109,45 @@ def test_every_data_bearing_bucket_is_versioned_retained_and_never_expires_curre
         assert rule.get("NoncurrentVersionExpiration", {"NoncurrentDays": 7})["NoncurrentDays"] >= 7, rule
 
 
-@pytest.mark.parametrize("name", ["data_bucket", "checkpoint_bucket", "backup_bucket"])
-def test_cluster_nodes_cannot_destroy_versions_or_switch_versioning_off(each_env, name):
+def bucket_statements(each_env, name: str) -> dict[str, dict]:
     storage = each_env.stacks["storage"]
     logical_id = storage.get_logical_id(getattr(storage, name).node.default_child)
     (policy,) = [p for p in by_type(each_env, "storage", "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"] == {"Ref": logical_id}]
-    (statement,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid") == "ClusterNodesKeepVersions"]
+    return {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+
+
+@pytest.mark.parametrize("name", ["data_bucket", "checkpoint_bucket", "backup_bucket"])
+def test_cluster_nodes_cannot_delete_or_reconfigure_the_bucket(each_env, name):
+    statement = bucket_statements(each_env, name)["ClusterNodesKeepVersions"]
     assert statement["Effect"] == "Deny" and statement["Principal"] == {"AWS": "*"}
-    assert {"s3:DeleteObjectVersion", "s3:PutBucketVersioning", "s3:PutLifecycleConfiguration", "s3:PutBucketPolicy"} <= set(statement["Action"])
+    denied = statement["Action"]
+    # Deletes of every kind, and every bucket setting that decides how data is kept, reached or encrypted.
+    for action in ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:DeleteBucket", "s3:DeleteBucketPolicy",
+                   "s3:PutBucketObjectLockConfiguration", "s3:PutEncryptionConfiguration", "s3:PutBucketAcl",
+                   "s3:PutObjectAcl", "s3:PutBucketLogging", "s3:PutBucketPolicy", "s3:PutLifecycleConfiguration",
+                   "s3:PutBucketVersioning", "s3:PutBucketPublicAccessBlock", "s3:PutBucketOwnershipControls"):
+        assert any(fnmatchcase(action, pattern) for pattern in denied), action
+    # Writing objects stays possible (the upload policies' grants), and nothing else is caught by accident.
+    for action in ("s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:AbortMultipartUpload"):
+        assert not any(fnmatchcase(action, pattern) for pattern in denied), action
     # Only ParallelCluster's roles (path /parallelcluster/<cluster>/), never the deploying administrator.
     arn = statement["Condition"]["ArnLike"]["aws:PrincipalArn"]
     assert arn == f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*"
+
+
+def test_cluster_nodes_write_backups_once(each_env):
+    """A node's PutObject or CompleteMultipartUpload without If-None-Match is refused: no backup key is
+    ever replaced. The multipart steps that cannot carry the header are exempt."""
+    statements = bucket_statements(each_env, "backup_bucket")
+    statement = statements["ClusterNodesWriteOnce"]
+    assert (statement["Effect"], statement["Principal"], statement["Action"]) == ("Deny", {"AWS": "*"}, "s3:PutObject")
+    assert statement["Condition"] == {
+        "ArnLike": {"aws:PrincipalArn": f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*"},
+        "Null": {"s3:if-none-match": "true"},
+        "Bool": {"s3:ObjectCreationOperation": "true"},
+    }
+    for name in ("data_bucket", "checkpoint_bucket"):  # FSx exports and dataset syncs replace objects there
+        assert "ClusterNodesWriteOnce" not in bucket_statements(each_env, name)
 
 
 def link_targets(app) -> list:

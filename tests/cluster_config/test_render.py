@@ -19,9 +19,11 @@ from cluster_config.render import (
     NODE_SETUP_SCRIPT,
     ClusterResources,
     RenderError,
+    backup_upload_policy,
     data_upload_policy,
     models_file,
     render_cluster_config,
+    session_manager_policy,
 )
 from cluster_config.settings import CONFIG_DIR, available_environments, load_settings
 
@@ -127,7 +129,8 @@ def test_head_node_is_private_by_default_and_imdsv2_only():
     assert head["Ssh"]["AllowedIps"] == load_settings("prod").network.vpc_cidr  # not ParallelCluster's 0.0.0.0/0
     assert head["Imds"] == {"Secured": True}
     assert config["Imds"] == {"ImdsSupport": "v2.0"}
-    assert {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"} in head["Iam"]["AdditionalIamPolicies"]
+    resources = ClusterResources.placeholders(load_settings("prod"))
+    assert {"Policy": resources.session_manager_policy_arn} in head["Iam"]["AdditionalIamPolicies"]
     assert head["LocalStorage"]["RootVolume"]["Encrypted"] is True
 
 
@@ -175,11 +178,32 @@ def test_queue_s3_access_is_least_privilege():
     resources = ClusterResources.placeholders(settings)
     gpu, cpu = render_cluster_config(settings, resources)["Scheduling"]["SlurmQueues"]
     access = lambda queue: {a["BucketName"]: a["EnableWriteAccess"] for a in queue["Iam"]["S3Access"]}  # noqa: E731
-    # Training touches FSx only; the CPU jobs sync tokenized data and write backups.
+    # Read-only everywhere: ParallelCluster grants a writable S3Access bucket as s3:*.
     assert access(gpu) == {resources.data_bucket: False, resources.assets_bucket: False}
-    assert access(cpu) == {resources.data_bucket: True, resources.backup_bucket: True, resources.assets_bucket: False}
+    assert access(cpu) == {resources.data_bucket: False, resources.backup_bucket: False, resources.assets_bucket: False}
     for queue in (gpu, cpu):
         assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
+    # The CPU jobs' writes (dataset sync, backups) come from the two managed policies; training touches FSx only.
+    ssm = {"Policy": resources.session_manager_policy_arn}
+    assert gpu["Iam"]["AdditionalIamPolicies"] == [ssm]
+    assert cpu["Iam"]["AdditionalIamPolicies"] == [ssm, {"Policy": resources.data_upload_policy_arn},
+                                                   {"Policy": resources.backup_upload_policy_arn}]
+
+
+def test_backup_policy_writes_new_objects_under_each_models_prefix_only():
+    settings = load_settings("prod")
+    policy = backup_upload_policy("arn:aws:s3:::b", [model.name for model in settings.models])
+    (statement,) = policy["Statement"]
+    assert (statement["Effect"], statement["Action"]) == ("Allow", ["s3:PutObject", "s3:AbortMultipartUpload"])
+    assert statement["Resource"] == [f"arn:aws:s3:::b/{model.name}/*" for model in settings.models]
+
+
+def test_session_manager_policy_has_only_the_session_actions():
+    policy = session_manager_policy("aws", "ap-southeast-3", "222222222222")
+    actions = {action for statement in policy["Statement"] for action in statement["Action"]}
+    assert actions == {"ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+                       "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel"}
+    assert policy["Statement"][0]["Resource"] == "arn:aws:ec2:ap-southeast-3:222222222222:instance/*"
 
 
 def test_head_node_may_upload_to_the_data_bucket_but_not_delete():
@@ -188,10 +212,11 @@ def test_head_node_may_upload_to_the_data_bucket_but_not_delete():
     resources = ClusterResources.placeholders(settings)
     iam = render_cluster_config(settings, resources)["HeadNode"]["Iam"]
     assert iam["AdditionalIamPolicies"] == [
-        {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}, {"Policy": resources.data_upload_policy_arn},
+        {"Policy": resources.session_manager_policy_arn}, {"Policy": resources.data_upload_policy_arn},
         {"Policy": resources.monitoring_policy_arn}]  # the metric agent's (stacks/alerts_stack.py)
     # Attachable by ParallelCluster's least-privilege users: policy/parallelcluster/* only.
-    for arn in (resources.data_upload_policy_arn, resources.monitoring_policy_arn):
+    for arn in (resources.data_upload_policy_arn, resources.monitoring_policy_arn, resources.backup_upload_policy_arn,
+                resources.session_manager_policy_arn):
         assert arn.startswith(f"arn:aws:iam::{settings.account}:policy/parallelcluster/")
     # Through the policy, not S3Access: ParallelCluster grants a writable S3Access bucket as s3:*.
     assert iam["S3Access"] == [{"BucketName": resources.assets_bucket, "EnableWriteAccess": False}]

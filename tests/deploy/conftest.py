@@ -55,7 +55,7 @@ def report(pcluster_venv, synthesized):
     def get(env: str):
         if env not in reports:
             settings, stacks, templates, _ = synthesized(env)
-            reports[env] = check_environment(settings, stacks, templates)
+            reports[env] = check_environment(settings, stacks, templates, with_iam=True)
             print(format_report(reports[env]))
         return reports[env]
 

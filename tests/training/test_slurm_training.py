@@ -190,13 +190,14 @@ def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(
     assert record["StartTime"] >= training["EndTime"], (record["StartTime"], training["EndTime"])
     assert "backed up and verified" not in uninterrupted.output()
     local = uninterrupted.host_root / "checkpoints/model1/step_00000040"
-    n = len(list(local.iterdir()))
+    logs = [p for p in (uninterrupted.host_root / "logs/model1").rglob("*") if p.is_file()]
+    n = len(list(local.iterdir())) + len(logs)
     assert f"backed up and verified {n} files ({n} uploaded, 0 already in S3)" in backup_log.read_text()
     keys = {o["Key"] for o in client.list_objects_v2(Bucket="checkpoints-test", Prefix="runs/model1/")["Contents"]}
     step_keys = {k for k in keys if k.startswith("runs/model1/step_")}
     assert step_keys == {f"runs/model1/step_00000040/{f.name}" for f in local.iterdir()}
-    # Metrics and the training job's logs are kept beside the checkpoint, with a manifest.
-    assert {"runs/model1/latest", "runs/model1/logs/manifest.json", "runs/model1/logs/metrics.jsonl"} <= keys
+    # Metrics and the training job's logs are kept as of the step, then the step is marked verified.
+    assert {"runs/model1/verified/step_00000040", "runs/model1/logs/step_00000040/metrics.jsonl"} <= keys
 
     # Submitted again by hand (as after an interruption): it checks everything and sends nothing.
     rerun = slurm_cluster.sbatch("jobs/backup.sh", "model1", env=uninterrupted.env,
