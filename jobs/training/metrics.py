@@ -7,7 +7,7 @@ checkpoint blocking time, and memory (GPU: the interval's peak allocated; CPU: p
 line starts with ``step N/total`` and ends with the run's elapsed time and ETA; the samples
 checksum (which data rank 0 saw, for the exact-resume tests) goes to metrics.jsonl only, as does
 the ``time`` (epoch seconds) of every line there: the head node's exporter tells a stall by it.
-Weights & Biases is used only when WANDB_API_KEY is set (imported lazily; optional).
+Weights & Biases is used only when WANDB_API_KEY is set (imported lazily; see ``Tracker``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import resource
 import time
 import zlib
 from pathlib import Path
 
 import torch
+from atomic_file import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +69,8 @@ class Metrics:
             # A resumed run repeats the steps after its checkpoint: drop the earlier run's events for them.
             self._tb = SummaryWriter(tensorboard_dir, purge_step=start_step or None)
             if os.environ.get("WANDB_API_KEY"):
-                import wandb  # optional: not in requirements-jobs.txt
-
-                self._wandb = wandb.init(project=wandb_project or run_name, name=run_name, config=config, resume="allow")
+                self._wandb = Tracker(project=wandb_project or run_name, name=run_name, config=config,
+                                      checkpoint_dir=config["checkpoint"]["dir"], log_dir=log_dir)
 
     clock = staticmethod(time.perf_counter)
 
@@ -156,6 +157,66 @@ class Metrics:
             self._tb.close()
             if self._wandb:
                 self._wandb.finish()
+
+
+class Tracker:
+    """Weights & Biases on rank 0, which must not take training down: if wandb fails (no network, a bad
+    key, its service gone), that is one warning line and the run goes on without it; nothing is raised,
+    so the job is neither failed nor requeued for it.
+
+    Bounded by wandb's own timeouts: start-up waits at most ``WANDB_INIT_TIMEOUT`` seconds (default 30,
+    wandb's is 90; the other ranks wait that long in their first collective, well within the start-up
+    timeout), ``log`` only hands the record to wandb's service process, and the end of the run waits at
+    most 30 s for the upload (what is left stays under <log.dir>/wandb for ``wandb sync``). wandb runs its
+    service as a separate program and sets no signal handlers here, so SIGUSR1/SIGTERM (signals.py) stay
+    the trainer's; its console capture is off, the log already is the job's .err file."""
+
+    def __init__(self, *, project: str, name: str, config: dict, checkpoint_dir: str, log_dir: str):
+        self._run = None
+        try:
+            import wandb  # only when keyed: importing it takes seconds
+
+            self._run = wandb.init(
+                project=project, name=name, id=run_id(Path(checkpoint_dir), name), resume="allow",
+                config=config, dir=log_dir,
+                settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 30)),
+                                        finish_timeout=30, console="off", silent=True))
+            log.info("W&B run %s", self._run.url or self._run.id)
+        except Exception as exc:
+            self._disable(exc)
+
+    def __bool__(self) -> bool:
+        return self._run is not None
+
+    def log(self, record: dict, step: int) -> None:
+        try:
+            self._run.log(record, step=step)
+        except Exception as exc:
+            self._disable(exc)
+
+    def finish(self) -> None:
+        try:
+            self._run.finish()
+        except Exception as exc:
+            self._disable(exc)
+
+    def _disable(self, exc: Exception) -> None:
+        log.warning("W&B tracking off for the rest of this run (training goes on): %s: %s",
+                    type(exc).__name__, (str(exc).splitlines() or [""])[0])
+        self._run = None
+
+
+def run_id(checkpoint_dir: Path, name: str) -> str:
+    """The W&B run id of this checkpoint lineage: made on its first start and kept in the checkpoint
+    folder, so a requeued job (which resumes from that folder) continues the same W&B run, and a run
+    started afresh in a new folder is a new W&B run. W&B ids take letters, digits, ``-`` and ``_``."""
+    path = checkpoint_dir / "wandb_run_id"
+    if path.exists():
+        return path.read_text().strip()
+    new_id = f"{re.sub(r'[^A-Za-z0-9_-]', '-', name)}-{os.urandom(4).hex()}"
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, new_id + "\n")
+    return new_id
 
 
 def _fmt(v) -> str:

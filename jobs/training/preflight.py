@@ -9,7 +9,9 @@ What the job would otherwise find out only after Slurm allocated its nodes:
   vocab_size holds every token id), dtype (the smallest that holds the vocabulary);
 - the tokenizer the dataset was made with still loads and is the same one (SHA-256), and is the
   model's own (data.tokenizer);
-- the checkpoint folder can be created and written.
+- the checkpoint folder can be created and written;
+- with WANDB_API_KEY set: wandb imports, and whether its host answers (a warning only: training
+  goes on without W&B, see metrics.Tracker).
 Prints one line per check; exit 0 when all pass, 2 with ``error: <what> — <fix>`` lines otherwise.
 ``jobs/submit.sh`` runs it before ``sbatch``.
 """
@@ -17,15 +19,20 @@ Prints one line per check; exit 0 when all pass, 2 with ``error: <what> — <fix
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from data_pipeline.loader import DatasetError, check_compatible, read_dataset_meta
 from data_pipeline.shards import token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from training.config import MODEL_CONFIGS, ConfigError, load_config
 
+# How long preflight waits for the W&B host to accept a connection.
+TRACKER_CONNECT_TIMEOUT_S = 5
 
 
 def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
@@ -59,6 +66,7 @@ def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
             problems.append(f"{exc} — re-tokenize for this model, or fix data.path / data.seq_len")
         problems += _check_tokenizer(meta.tokenizer, cfg.data.tokenizer)
     problems += _check_writable(Path(cfg.checkpoint.dir))
+    problems += _check_tracker()
     return problems
 
 
@@ -94,6 +102,29 @@ def _check_writable(folder: Path) -> list[str]:
     except OSError as exc:
         return [f"checkpoint folder {folder} is not writable: {exc.strerror} — fix its owner or checkpoint.dir"]
     print(f"ok: checkpoint folder {folder} writable")
+    return []
+
+
+def _check_tracker() -> list[str]:
+    """With WANDB_API_KEY set: wandb must import (the key says W&B is wanted); an unreachable host is
+    only a warning, since the run trains on without W&B (metrics.Tracker)."""
+    if not os.environ.get("WANDB_API_KEY"):
+        return []
+    try:
+        import wandb
+    except ImportError as exc:
+        return [f"WANDB_API_KEY is set but wandb does not import: {exc} — pip install -r requirements-jobs.txt "
+                "in the jobs venv, or unset WANDB_API_KEY"]
+    print(f"ok: wandb {wandb.__version__}")
+    url = urlsplit(os.environ.get("WANDB_BASE_URL") or wandb.Settings().base_url)
+    address = (url.hostname, url.port or (443 if url.scheme == "https" else 80))
+    try:
+        socket.create_connection(address, timeout=TRACKER_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        print(f"warning: W&B host {address[0]}:{address[1]} not reachable within {TRACKER_CONNECT_TIMEOUT_S} s "
+              f"({exc}) — the run will train without W&B (TensorBoard and metrics.jsonl as usual)")
+        return []
+    print(f"ok: W&B host {address[0]}:{address[1]} reachable")
     return []
 
 
