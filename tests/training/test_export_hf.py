@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -116,7 +117,7 @@ def test_export_lands_beside_the_checkpoint_whole_or_not_at_all(trained, tiny_da
         export(checkpoints, tokenizer=tokenizer)
     shutil.rmtree(out)
     (find_checkpoint(checkpoints) / "__0_0.distcp").write_bytes(b"truncated")
-    with pytest.raises(Exception):
+    with pytest.raises(CheckpointException):  # DCP's own, a BaseException
         export(checkpoints, tokenizer=tokenizer)
     assert list((checkpoints / "export").iterdir()) == []
 
