@@ -3,8 +3,9 @@
 Each runs as `make bench` runs it, `python -m benchmarks.<name>`, with its own options for a small run
 and its JSON written to tmp_path. The tests check the JSON's fields, that its figures are finite and
 positive and that its ratios are those of its own figures: never a timing target, which a small run
-on a busy machine may miss. communication and node_bootstrap have theirs beside their other tests
-(tests/training/test_communication.py, tests/node_scripts/test_bootstrap_benchmark.py).
+on a busy machine may miss. communication, node_bootstrap and export have theirs beside their other tests
+(tests/training/test_communication.py, tests/node_scripts/test_bootstrap_benchmark.py,
+tests/training/test_export_hf.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Export a model's checkpoint to Hugging Face format, as a job of its own on the CPU queue
+# (docs/training.md, "Export to Hugging Face"):
+#   sbatch jobs/export.sh MODEL [--step N] [--dtype float32]     (from the bundle's root)
+#
+# Reads /fsx/checkpoints/<model>/<latest or step_N> and writes /fsx/checkpoints/<model>/export/step_<N>
+# (config.json, safetensors shards and their index, the tokenizer of the model's dataset), through a
+# partial folder renamed once complete. The weights stream one tensor at a time: llama2-70b peaks at
+# ~2.2 GiB above the interpreter (benchmarks/export). The tokenizer is the one of the model's
+# training config's data.path (jobs/models/<model>.yaml, or TRAIN_CONFIG).
+#SBATCH --job-name=export
+#SBATCH --partition=cpu            # CPU queue: exporting needs no GPU
+#SBATCH --nodes=1
+#SBATCH --ntasks=1                 # one process reads the whole checkpoint
+#SBATCH --mem=8G                   # one tensor at a time: ~2.2 GiB for 70B + the interpreter, torch and transformers
+#SBATCH --time=04:00:00            # 70B: ~260 GB read and ~140 GB (bf16) written on FSx; room to spare
+#SBATCH --output=/fsx/logs/export/%x_%j.out  # not the submission folder (root-owned on the cluster); Slurm does not create the folder
+set -euo pipefail
+
+MODEL="${1:?usage: export.sh MODEL [--step N] [--dtype float32]}"
+shift
+JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
+# shellcheck source=jobs/env.sh
+source "$JOBS_DIR/env.sh"
+
+CONFIG="${TRAIN_CONFIG:-$JOBS_DIR/models/$MODEL.yaml}"
+dataset="$(python -c 'import sys; from training.config import load_config
+print(load_config(sys.argv[1], model=sys.argv[2]).data.path)' "$CONFIG" "$MODEL")"
+echo "export of $MODEL on $(hostname): $FSX_CHECKPOINTS/$MODEL, tokenizer of $dataset"
+python -m training.export_hf "$FSX_CHECKPOINTS/$MODEL" --dataset "$dataset" "$@"
