@@ -318,11 +318,12 @@ make_tree() {
   shift 3
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
-  # Output of the validation and acceptance jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
-  # jobs/acceptance.sh /fsx/logs/acceptance/; Slurm does not create an --output folder and fails
-  # the job without a log when it is missing).
+  # Output of the validation, acceptance and export jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
+  # jobs/acceptance.sh /fsx/logs/acceptance/, jobs/export.sh /fsx/logs/export/; Slurm does not create
+  # an --output folder and fails the job without a log when it is missing).
   make_dir "$logs/validation" narrow
   make_dir "$logs/acceptance" narrow
+  make_dir "$logs/export" narrow
   # The health check's failure history (slurm_health_hook.sh): one small append per drain, from any node.
   make_dir "$logs/node-health" narrow
   for model in "$@"; do

@@ -38,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 from data_pipeline.shards import DatasetError, read_dataset_meta
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 from transformers.utils.hub import convert_file_size_to_int
 
@@ -214,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                max_shard_size=args.max_shard_size, expected_sha256=expected)
     except (ExportError, DatasetError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except CheckpointException as exc:  # a shard file missing or damaged: DCP's own message, first line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: the checkpoint in {args.checkpoint_dir} cannot be read ({first}); export another "
+              "step (--step N) or restore this one from the backup bucket", file=sys.stderr)
         return 2
     return 0
 

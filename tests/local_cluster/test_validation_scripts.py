@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["jobs/env.sh", "jobs/test_2nodes.sh", "jobs/collectives.sh", "jobs/nccl_tests.sh",
-           "jobs/validate_gpu_efa.sh", "local_cluster/cluster.sh", "local_cluster/node_boot.sh",
+           "jobs/validate_gpu_efa.sh", "jobs/export.sh", "local_cluster/cluster.sh", "local_cluster/node_boot.sh",
            "local_cluster/health_check.sh", "local_cluster/stand_ins/aws", "local_cluster/stand_ins/dnf", "local_cluster/demo.sh"]
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 HAS_GPU_TOOLS = bool(shutil.which("nvidia-smi") or shutil.which("fi_info")

@@ -17,7 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from data_pipeline.shards import read_dataset_meta
 from data_pipeline.tokenizer import load_tokenizer
-from training.export_hf import ExportError, export, find_checkpoint
+from training.export_hf import ExportError, export, find_checkpoint, main
 from training.models import build_model, init_weights, llama_config
 
 from conftest import REPO, Run
@@ -104,7 +104,7 @@ def test_cli_refuses_a_folder_without_a_checkpoint_and_a_wrong_tokenizer(trained
         find_checkpoint(trained.checkpoints, step=3)
 
 
-def test_export_lands_beside_the_checkpoint_whole_or_not_at_all(trained, tiny_data, tmp_path):
+def test_export_lands_beside_the_checkpoint_whole_or_not_at_all(trained, tiny_data, tmp_path, capsys):
     """Default folder: <checkpoint dir>/export/step_<N> (on FSx); no partial folder left, a second
     export of the step refused, a failed one leaves nothing."""
     tokenizer = read_dataset_meta(tiny_data).tokenizer["name"]
@@ -120,6 +120,8 @@ def test_export_lands_beside_the_checkpoint_whole_or_not_at_all(trained, tiny_da
     with pytest.raises(CheckpointException):  # DCP's own, a BaseException
         export(checkpoints, tokenizer=tokenizer)
     assert list((checkpoints / "export").iterdir()) == []
+    assert main([str(checkpoints), "--tokenizer", tokenizer]) == 2  # the command: one error line, no traceback
+    assert capsys.readouterr().err.startswith(f"error: the checkpoint in {checkpoints} cannot be read (")
 
 
 def test_peak_memory_follows_the_largest_tensor_not_the_model(tmp_path):
