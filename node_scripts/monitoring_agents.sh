@@ -19,7 +19,7 @@
 # CLUSTER_NAME, REGION, REMOTE_WRITE_URL, GPU_QUEUE, SCRAPE_INTERVAL, KEEP_METRICS, DCGM_FIELDS, NODE_COLLECTORS.
 #
 # What it costs a node's boot: the head node fetches the pinned releases once into the shared volume
-# ($JOBS_HOME/tools/monitoring, checked against each release's sha256sums.txt): node exporter ~10 MB and
+# ($JOBS_HOME/agents, root's, checked against each release's sha256sums.txt): node exporter ~10 MB and
 # Prometheus ~110 MB from GitHub (seconds), and the DCGM exporter's binary out of NVIDIA's container image
 # (~0.5-1 GB through enroot, about a minute, once per version). Compute nodes download nothing: they
 # check and unpack the node exporter (~1 s) and copy the DCGM exporter from the shared volume.
@@ -44,7 +44,9 @@ RELEASES_URL="${RELEASES_URL:-https://github.com}"
 SLURM_BIN="${SLURM_BIN:-/opt/slurm/bin}"
 LOG_DIR="${LOG_DIR:-/var/log/parallelcluster}"
 LOG_FILE="$LOG_DIR/llm-monitoring-agents.log"
-TOOLS="$JOBS_HOME/tools/monitoring"
+# Root's folder, not the cluster user's $JOBS_HOME/tools: every node runs these binaries as root, so no
+# job may replace them or their sums. Each node checks that before installing (root_only below).
+TOOLS="$JOBS_HOME/agents"
 UNITS=/etc/systemd/system
 TEXTFILE_DIR=/var/lib/node_exporter/textfile
 AGENT_CONFIG=/etc/prometheus-agent/agent.yml
@@ -96,6 +98,15 @@ read_settings() {
   for key in CLUSTER_NAME REGION REMOTE_WRITE_URL GPU_QUEUE SCRAPE_INTERVAL KEEP_METRICS DCGM_FIELDS NODE_COLLECTORS; do
     [[ -n "${!key:-}" ]] || die "$file: $key is missing"
   done
+}
+
+# Refuse $TOOLS unless it and everything in it is root's and writable by root only (a folder made by an
+# older setup under the cluster user's tools/, or changed since, could hold a job's binary).
+root_only() {
+  local writable
+  [[ -d $TOOLS ]] || return 0
+  writable="$(find "$TOOLS" \( ! -uid 0 -o ! -gid 0 -o -perm /022 \) -print -quit)"
+  [[ -z $writable ]] || die "$writable is not root's alone (owner, group or mode), so nothing in $TOOLS is run: remove $TOOLS on the head node and run its setup again (it refetches)"
 }
 
 # Is $1/$2 the file the release's $1/sha256sums.txt names?
@@ -380,10 +391,12 @@ main() {
   log "start: $node_type, $gpus GPU(s), cluster $CLUSTER_NAME"
 
   if [[ "$node_type" == HeadNode ]]; then
+    install -d -m 0755 -o root -g root "$TOOLS"
     fetch_release node_exporter "$NODE_EXPORTER_VERSION" prometheus/node_exporter
     fetch_release prometheus "$PROMETHEUS_VERSION" prometheus/prometheus
     fetch_dcgm_exporter
   fi
+  root_only
   node_exporter "$node_type"
   if ((gpus > 0)); then
     dcgm_exporter

@@ -158,7 +158,8 @@ def test_a_bad_file_fails_naming_the_problem(head, line, message):
 
 # --- the head node's setup runs it -------------------------------------------------------------------
 
-from tests.node_scripts.test_node_scripts import needs_mount_namespace, node, run_directory_setup  # noqa: E402,F401
+from tests.marks import needs_mount_namespace  # noqa: E402
+from tests.node_scripts.test_node_scripts import node, run_directory_setup  # noqa: E402,F401
 
 
 @needs_mount_namespace

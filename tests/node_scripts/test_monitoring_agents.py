@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -22,7 +23,8 @@ import yaml
 
 from cluster_config.monitoring import DCGM_FIELDS, keep_regex, monitoring_file
 from cluster_config.settings import load_settings
-from tests.node_scripts.test_node_scripts import needs_mount_namespace, node, run_directory_setup  # noqa: F401
+from tests.marks import needs_mount_namespace, needs_root
+from tests.node_scripts.test_node_scripts import node, run_directory_setup  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 AGENTS = REPO / "node_scripts" / "monitoring_agents.sh"
@@ -138,7 +140,7 @@ def test_head_node_fetches_the_pinned_releases_verified_and_installs_its_agents(
         f"{base}/prometheus/releases/download/v{PROMETHEUS}/sha256sums.txt",
         f"{base}/prometheus/releases/download/v{PROMETHEUS}/prometheus-{PROMETHEUS}.linux-amd64.tar.gz",
     ]
-    tools = cluster.shared / "tools" / "monitoring"
+    tools = cluster.shared / "agents"
     assert (tools / f"node_exporter-{NODE_EXPORTER}" / "sha256sums.txt").is_file()
     for binary in (f"node_exporter-{NODE_EXPORTER}/node_exporter", f"prometheus-{PROMETHEUS}/prometheus",
                    f"prometheus-{PROMETHEUS}/promtool"):
@@ -229,7 +231,7 @@ def test_a_tarball_that_does_not_match_its_sums_is_refused(releases, tmp_path):
     proc = node.head()
     assert proc.returncode == 1
     assert f"node_exporter-{NODE_EXPORTER}.linux-amd64.tar.gz does not match the SHA-256 in" in proc.stderr
-    assert not (tmp_path / "shared" / "tools" / "monitoring" / f"node_exporter-{NODE_EXPORTER}").exists()
+    assert not (tmp_path / "shared" / "agents" / f"node_exporter-{NODE_EXPORTER}").exists()
     assert not node.at("/etc/systemd/system").exists()
 
 
@@ -255,6 +257,20 @@ def test_a_gpu_node_installs_from_the_shared_volume_and_runs_the_dcgm_exporter_a
     counters = node.at("/etc/dcgm-exporter/llm-counters.csv").read_text().splitlines()[1:]
     assert counters == [f"{field}, {kind}, {field}." for field, kind in DCGM_FIELDS]
     assert os.access(node.at(f"/opt/dcgm-exporter-{DCGM_TAG}/dcgm-exporter"), os.X_OK)
+
+
+@needs_prometheus
+@needs_root  # chown
+def test_a_compute_node_runs_nothing_a_job_could_have_replaced(cluster, tmp_path):
+    shared = tmp_path / "shared"
+    shutil.copytree(cluster.shared, shared, symlinks=True)
+    binary = shared / "agents" / f"dcgm-exporter-{DCGM_TAG}" / "dcgm-exporter"
+    os.chown(binary, pwd.getpwnam("nobody").pw_uid, -1)  # the cluster user's, as under its tools/ folder
+    node = Node(tmp_path / "node", cluster.releases, shared, prod_settings())
+    proc = node.run("--node-type", "ComputeFleet", "--gpus", "8")
+    assert proc.returncode != 0 and f"{binary} is not root's alone" in proc.stderr
+    assert not node.at(f"/opt/dcgm-exporter-{DCGM_TAG}/dcgm-exporter").exists()
+    assert not node.at(f"/opt/node_exporter-{NODE_EXPORTER}").exists()  # refused before anything is installed
 
 
 @needs_prometheus
@@ -320,7 +336,7 @@ def test_directory_setup_installs_a_gpu_nodes_agents_with_the_settings_beside_th
     for tool in stand_ins.bin.iterdir():
         shutil.copy(tool, node / "bin")
     _bucket(node, prod_settings())
-    shutil.copytree(cluster.shared / "tools", node / "jobs_home" / "tools")  # what the head node fetched
+    shutil.copytree(cluster.shared / "agents", node / "jobs_home" / "agents")  # what the head node fetched
     proc = _setup(node, "--gpus", "8", NODE_ROOT=str(stand_ins.root))
     assert proc.returncode == 0, proc.stderr
     assert "metric agents running" in proc.stderr
