@@ -325,7 +325,10 @@ make_tree() {
   make_dir "$logs/acceptance" narrow
   make_dir "$logs/export" narrow
   # The health check's failure history (slurm_health_hook.sh): one small append per drain, from any node.
+  # Root's alone: the hook (root) trusts it to quarantine nodes and refuses a folder a job could write.
   make_dir "$logs/node-health" narrow
+  chown root:root "$logs/node-health"
+  chmod u=rwx,go=rx,g-s "$logs/node-health"  # g-s: chmod keeps a folder's setgid bit unless told
   for model in "$@"; do
     make_dir "$checkpoints/$model" wide
     make_dir "$logs/$model" narrow

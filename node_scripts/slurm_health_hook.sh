@@ -53,10 +53,19 @@ instance_id() {
   if [[ $id =~ ^i-[0-9a-f]+$ ]]; then echo "$id"; else echo -; fi
 }
 
-# record EVENT NODE INSTANCE REASON: one history line; false where there is no history folder.
+# record EVENT NODE INSTANCE REASON: one history line. False, saying why, where there is no history
+# folder or it is not root's alone: a job could forge lines there, or leave a link that has root
+# append to any file (directory_setup.sh makes it root's, 0755).
 record() {
-  [[ -d ${HEALTH_HISTORY%/*} ]] || return 1
-  local reason=${4//$'\t'/ }
+  local dir=${HEALTH_HISTORY%/*} reason=${4//$'\t'/ }
+  if [[ ! -d $dir ]]; then
+    echo "no history folder $dir: not recorded" >&2
+    return 1
+  fi
+  if [[ -L $dir || -L $HEALTH_HISTORY || -n "$(find "$dir" -maxdepth 0 \( ! -uid 0 -o -perm /022 \) -print)" ]]; then
+    echo "history folder $dir (or its file) is a link or writable by others than root: not recorded, not trusted" >&2
+    return 1
+  fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$2" "$3" "$1" "${SLURM_JOB_ID:--}" "${reason//$'\n'/ }" \
     >>"$HEALTH_HISTORY"
 }
@@ -76,7 +85,7 @@ if [[ ${1:-} == --release ]]; then
   if [[ ${1:-} == --replace ]]; then replace=1; shift; fi
   note="${*:-no note}"
   context=release
-  record release "$node" - "released by $(id -un): $note" || echo "no history folder ${HEALTH_HISTORY%/*}: release not recorded" >&2
+  record release "$node" - "released by $(id -un): $note" || echo "the release is not recorded" >&2
   if ((replace)); then
     # DOWN: ParallelCluster's clustermgtd terminates the instance and launches a new one for the node.
     scontrol update nodename="$node" state=down reason="released from quarantine for replacement: $note"
@@ -110,11 +119,11 @@ failed=$(($(failures "$node") + 1))
 instance="$(instance_id)"
 if ((HEALTH_QUARANTINE_AFTER > 0 && failed >= HEALTH_QUARANTINE_AFTER)); then
   reason="quarantined, failure $failed since its last release (history $HEALTH_HISTORY): ${detail:-exit $rc}"
-  record quarantine "$node" "$instance" "$reason" || log "no history folder ${HEALTH_HISTORY%/*}: not recorded"
+  why="$(record quarantine "$node" "$instance" "$reason" 2>&1)" || log "$why"
   log "QUARANTINE (state FAIL): $reason"
   scontrol update nodename="$node" state=fail reason="${reason:0:200}" || log "scontrol could not quarantine $node"
 else
-  record drain "$node" "$instance" "$reason" || log "no history folder ${HEALTH_HISTORY%/*}: not recorded"
+  why="$(record drain "$node" "$instance" "$reason" 2>&1)" || log "$why"
   log "DRAIN: $reason"
   scontrol update nodename="$node" state=drain reason="${reason:0:200}" || log "scontrol could not drain $node"
 fi

@@ -6,10 +6,13 @@ records its arguments; the hook itself runs for real."""
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.marks import needs_root
 
 HOOK = Path(__file__).resolve().parents[2] / "node_scripts" / "slurm_health_hook.sh"
 
@@ -100,6 +103,22 @@ def test_without_the_history_folder_the_hook_drains_as_before(hook):
         assert hook.run(job=job).returncode == 0
     assert [call.split()[2] for call in hook.calls()] == ["state=drain", "state=drain"]
     assert "no history folder" in (hook.root / "health.log").read_text()
+
+
+@needs_root  # chown
+@pytest.mark.parametrize("planted", ["a link", "a folder a job can write"])
+def test_a_history_a_job_could_write_is_neither_trusted_nor_followed(hook, tmp_path, planted):
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    if planted == "a link":  # root appending through it would write into any file
+        hook.history.symlink_to(victim)
+    else:  # the cluster user's folder, as before: any job could forge or remove lines
+        os.chown(hook.history.parent, pwd.getpwnam("nobody").pw_uid, -1)
+    for job in ("77", "78"):
+        assert hook.run(job=job).returncode == 0
+    assert victim.read_text() == "root's file\n"
+    assert [call.split()[2] for call in hook.calls()] == ["state=drain", "state=drain"]  # no quarantine on its word
+    assert "not recorded, not trusted" in (hook.root / "health.log").read_text()
 
 
 def test_quarantine_can_be_turned_off_and_a_non_ec2_node_has_no_instance_id(hook):

@@ -80,6 +80,7 @@ def test_directory_setup_builds_the_per_model_tree_owned_by_the_cluster_user(nod
     # find prints paths relative to each root; the roots are data, checkpoints, logs in that order.
     for expected in ("raw", "tokenized", "validation", "model1", "model7", "model1/tensorboard", "model7/tensorboard"):
         assert entries[expected] == ("nobody", "2775"), (expected, entries)
+    assert entries["node-health"] == ("root", "755")  # the health hook (root) trusts what is in it
     log = (node / "log" / "llm-directory-setup.log").read_text()
     assert "directory tree ready for 2 model(s)" in log
     assert "lfs not found" in log
