@@ -20,7 +20,7 @@
 #SBATCH --time=06:00:00            # ~1 TB at the ~1.5 GB/s of a c6i.8xlarge is ~15 min; room to spare
 #SBATCH --requeue                  # after a node failure it runs again and skips what S3 already holds
 #SBATCH --open-mode=append
-#SBATCH --output=%x_%j.out         # train.sh sets /fsx/logs/backups/backup-<model>_<job>.out
+#SBATCH --output=/fsx/logs/backups/%x_%j.out  # by hand; train.sh sets backup-<model>_<job>.out there
 set -euo pipefail
 
 MODEL="${1:?usage: backup.sh MODEL}"

@@ -28,7 +28,7 @@
 #SBATCH --array=0-9                # one task per raw file; override on the command line
 #SBATCH --cpus-per-task=8          # the tokenizer's threads (it uses all of them); raise on big nodes
 #SBATCH --time=04:00:00
-#SBATCH --output=%x_%A_%a.out      # preprocess_<array job>_<task>.out in the submission folder
+#SBATCH --output=/fsx/logs/data/%x_%A_%a.out  # preprocess_<array job>_<task>.out; not the submission folder (root's on the cluster)
 set -euo pipefail
 
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"

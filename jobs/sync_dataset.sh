@@ -18,7 +18,7 @@
 #SBATCH --exclusive                # a whole CPU node: SHA-256 on every core, all of its network bandwidth
 #SBATCH --time=04:00:00
 #SBATCH --requeue                  # after a node failure it runs again and skips what S3 already holds
-#SBATCH --output=%x_%j.out
+#SBATCH --output=/fsx/logs/data/%x_%j.out  # not the submission folder (root's on the cluster)
 set -euo pipefail
 
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"

@@ -318,12 +318,13 @@ make_tree() {
   shift 3
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
-  # Output of the validation, acceptance and export jobs (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
-  # jobs/acceptance.sh /fsx/logs/acceptance/, jobs/export.sh /fsx/logs/export/; Slurm does not create
-  # an --output folder and fails the job without a log when it is missing).
-  make_dir "$logs/validation" narrow
-  make_dir "$logs/acceptance" narrow
-  make_dir "$logs/export" narrow
+  # Output of the jobs that are not a model's (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
+  # acceptance.sh /fsx/logs/acceptance/, export.sh export/, preprocess.sh and sync_dataset.sh data/,
+  # backup.sh backups/): never the submission folder, which is root's. Slurm does not create an
+  # --output folder and fails the job without a log when it is missing.
+  for folder in validation acceptance export data backups; do
+    make_dir "$logs/$folder" narrow
+  done
   # The health check's failure history (slurm_health_hook.sh): one small append per drain, from any node.
   # Root's alone: the hook (root) trusts it to quarantine nodes and refuses a folder a job could write.
   make_dir "$logs/node-health" narrow

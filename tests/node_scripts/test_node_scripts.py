@@ -126,9 +126,10 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     assert f"setstripe -c 1 {node / 'logs' / 'validation'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'acceptance'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'node-health'}" in lines  # the health check's failure history
-    assert f"setstripe -c 1 {node / 'logs' / 'export'}" in lines
-    # data/{raw,tokenized}, validation, acceptance, export and node-health logs, model1 checkpoints + 2 log folders
-    assert len(lines) == 2 + 4 + 1 + 2
+    for jobs_logs in ("export", "data", "backups"):  # never the submission folder, which is root's
+        assert f"setstripe -c 1 {node / 'logs' / jobs_logs}" in lines
+    # data/{raw,tokenized}, 5 job log folders and node-health, model1 checkpoints + 2 log folders
+    assert len(lines) == 2 + 6 + 1 + 2
 
 
 @needs_mount_namespace
