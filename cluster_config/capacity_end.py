@@ -8,7 +8,7 @@ cannot save in time. From the settings this module derives, at synth:
                  ``start = capacity_end - gpu_queue.capacity_end_lead_min`` to the earliest block end.
                  The head node creates it (node_scripts/slurm_capacity_end.sh). Slurm starts no job
                  whose time limit reaches into it; a job with ``--time-min`` starts with its limit cut
-                 to end at ``start``, and ``--signal=USR1@600`` makes it save and stop before that.
+                 to end at ``start``, and ``--signal=USR1@<lead>`` makes it save and stop before that.
                  Jobs running when it is created get their limits cut to ``start``.
   time-min       per model: the USR1 lead plus the shortest run worth a restart (three saves, at least
                  ten minutes): no shorter run starts (``#SBATCH --time-min``, cluster_config/model_jobs.py).
@@ -17,14 +17,13 @@ cannot save in time. From the settings this module derives, at synth:
 
 What the lead must hold: a job whose last save overran its cut limit is sent SIGTERM at ``start``
 (Slurm looks at time limits about once a minute) and keeps saving for up to ``KillWait`` (two saves
-of the largest model and a step, cluster_config/slurm_timeouts.py) before SIGKILL:
+of every model at once and a step, cluster_config/slurm_timeouts.py) before SIGKILL:
 
     lead >= KillWait + TIME_LIMIT_CHECK_S
 
-and each model's USR1 lead must hold what the trainer does after the signal: finish the save in
-flight, one step, a synchronous save, with Slurm's up to 60 s early delivery in the step margin:
-
-    USR1_LEAD_S >= 2 x save + STEP_MARGIN_S
+and the USR1 lead must hold what the trainer does after the signal, with every model doing it at
+once: finish the save in flight, one step, a synchronous save, with Slurm's up to 60 s early
+delivery in the step margin. ``usr1_lead_seconds`` sizes it so (cluster_config/slurm_timeouts.py).
 
 ``check_capacity_end`` raises SettingsError naming the field and the fix; synth runs it. The
 reservation travels to the head node as a file beside the model list (``capacity_end_file``), because
@@ -41,7 +40,7 @@ from typing import Optional
 
 from cluster_config.plan import build_plan
 from cluster_config.settings import CAPACITY_BLOCK_END_NOTICE, CONFIG_PREFIX, Settings, SettingsError
-from cluster_config.slurm_timeouts import STEP_MARGIN_S, USR1_LEAD_S, kill_wait_seconds
+from cluster_config.slurm_timeouts import kill_wait_seconds, usr1_lead_seconds
 
 # Not "pcluster-...": ParallelCluster's clustermgtd deletes reservations of that prefix it did not make
 # (slurm_plugin/capacity_block_manager.py, its own reservations for inactive Capacity Blocks).
@@ -71,9 +70,9 @@ def save_seconds(settings: Settings) -> dict[str, float]:
     return {row.name: row.save_s for row in build_plan(settings).rows}
 
 
-def time_min_s(save_s: float) -> int:
+def time_min_s(save_s: float, usr1_lead_s: int) -> int:
     """A model's ``--time-min``: the USR1 lead + the shortest useful run, in whole minutes."""
-    return math.ceil((USR1_LEAD_S + max(USEFUL_RUN_FLOOR_S, USEFUL_RUN_SAVES * save_s)) / 60) * 60
+    return math.ceil((usr1_lead_s + max(USEFUL_RUN_FLOOR_S, USEFUL_RUN_SAVES * save_s)) / 60) * 60
 
 
 def required_lead_s(settings: Settings) -> int:
@@ -106,19 +105,10 @@ def check_capacity_end(settings: Settings) -> Optional[CapacityEnd]:
         kill_wait = window.required_lead_s - TIME_LIMIT_CHECK_S
         problems.append(
             f"gpu_queue.capacity_end_lead_min {window.lead_s // 60} is too short: a model still saving when its limit "
-            f"ends at the reservation's start keeps saving for KillWait ({kill_wait} s: two saves of the largest model "
+            f"ends at the reservation's start keeps saving for KillWait ({kill_wait} s: two saves of every model at once "
             f"and a step) after Slurm's time-limit check (up to {TIME_LIMIT_CHECK_S} s), {window.required_lead_s} s in "
             f"all, and AWS terminates the instances at {window.terminate:%Y-%m-%dT%H:%MZ}; set capacity_end_lead_min: "
             f"{math.ceil(window.required_lead_s / 60)} or more")
-    for name, save_s in save_seconds(settings).items():
-        need = 2 * save_s + STEP_MARGIN_S
-        if need > USR1_LEAD_S:
-            problems.append(
-                f"models: {name}: after --signal=USR1@{USR1_LEAD_S} the trainer finishes the save in flight, runs a "
-                f"step and saves again: 2 x {save_s:.0f} s + {STEP_MARGIN_S} s = {need:.0f} s, more than the "
-                f"{USR1_LEAD_S} s lead, so its last save would run past the reservation's start; raise "
-                "storage.checkpoints.throughput_per_tib or storage_capacity_gib (a save is checkpoint bytes / "
-                "their throughput)")
     if problems:
         raise SettingsError(f"{where}: the Capacity Blocks' end cannot be met:\n" + "\n".join(f"  {p}" for p in problems))
     return window

@@ -31,7 +31,7 @@ from cluster_config.capacity_end import save_seconds, time_min_s
 from cluster_config.hardware import fsx_expectations, gpu_of
 from cluster_config.model_configs import training_config
 from cluster_config.settings import ModelPlan, Settings, load_settings
-from cluster_config.slurm_timeouts import USR1_LEAD_S
+from cluster_config.slurm_timeouts import usr1_lead_seconds
 
 TIME_LIMIT = "24:00:00"  # --time; train.sh gives it back to a requeued job whose limit Slurm cut (--time-min)
 
@@ -40,8 +40,9 @@ GENERATED_HEADER = GENERATED_BY + " from cluster_config/{env}.yaml (models: {nam
 GENERATED = ("train_*.sh", "models/*.yaml", CLUSTER_FILE)  # what write_job_files may replace (the stack's GENERATED_EXCLUDES)
 
 
-def job_script(settings: Settings, model: ModelPlan, time_min_s: int) -> str:
-    """``time_min_s``: the model's shortest useful run (cluster_config/capacity_end.py: ``time_min_s``)."""
+def job_script(settings: Settings, model: ModelPlan, time_min_s: int, usr1_lead_s: int) -> str:
+    """``time_min_s``: the model's shortest useful run (cluster_config/capacity_end.py: ``time_min_s``);
+    ``usr1_lead_s``: the USR1 lead (cluster_config/slurm_timeouts.py)."""
     queue = settings.gpu_queue
     gpus = model.nodes * queue.gpus_per_instance
     return f"""#!/usr/bin/env bash
@@ -62,7 +63,7 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int) -> str:
 #SBATCH --exclusive
 #SBATCH --time={TIME_LIMIT}
 #SBATCH --time-min={time_min_s // 60}
-#SBATCH --signal=USR1@{USR1_LEAD_S}
+#SBATCH --signal=USR1@{usr1_lead_s}
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -euo pipefail
@@ -103,12 +104,12 @@ def cluster_file(settings: Settings) -> dict:
 
 def job_files(settings: Settings) -> dict[str, str]:
     """Every model's generated files and the cluster file, by path under jobs/."""
-    files, saves = {}, save_seconds(settings)
+    files, saves, lead = {}, save_seconds(settings), usr1_lead_seconds(settings)
     for model in settings.models:
         config = training_config(settings, model)
         header = f"# {GENERATED_HEADER.format(env=settings.name, name=model.name)}\n"
         files[f"models/{model.name}.yaml"] = header + yaml.safe_dump(config, sort_keys=False)
-        files[f"train_{model.name}.sh"] = job_script(settings, model, time_min_s(saves[model.name]))
+        files[f"train_{model.name}.sh"] = job_script(settings, model, time_min_s(saves[model.name], lead), lead)
     files[CLUSTER_FILE] = json.dumps(cluster_file(settings), indent=1) + "\n"
     return files
 

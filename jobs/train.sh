@@ -20,10 +20,12 @@
 #   --time-min=<M>             the shortest run worth a restart (the USR1 lead + three saves or 10 min,
 #                              whichever is longer): to fit before a reservation (the GPU capacity's end,
 #                              cluster_config/capacity_end.py) Slurm may start the job with its limit
-#                              cut down as far as this, and USR1 then comes 10 min before the cut limit
-#   --signal=USR1@600          SIGUSR1 to the workers 10 min before the limit; the lead covers the
-#                              in-flight async save + one step + a synchronous save (70B on 14 nodes:
-#                              2 x ~160 s at 7 GB/s FSx) + Slurm's up-to-60 s delivery jitter
+#                              cut down as far as this, and USR1 then comes the lead before the cut limit
+#   --signal=USR1@<lead>       SIGUSR1 to the workers the lead before the limit (at least 10 min): the
+#                              in-flight async save + one step + a synchronous save, with every model
+#                              saving at once as at a Capacity Block's end (prod: 2 x 248 s at 7 GB/s
+#                              FSx + 120 s: 660 s) + Slurm's up-to-60 s delivery jitter
+#                              (cluster_config/slurm_timeouts.py)
 #   --requeue                  allows `scontrol requeue` (below) and requeue after a node failure
 #   --open-mode=append         a requeued job appends to the same log files instead of truncating
 #   --output/--error           /fsx/logs/<model>/%x_%j.{out,err}; Slurm cannot expand variables

@@ -13,6 +13,7 @@ from cluster_config.capacity_end import check_capacity_end
 from cluster_config.monitoring import RULES_DIR, load_rule_files
 from cluster_config.plan import check_plan
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, available_environments, load_settings
+from cluster_config.slurm_timeouts import usr1_lead_seconds
 from stacks import nag
 from stacks.alerts_stack import AlertsStack
 from stacks.cluster_stack import ClusterStack
@@ -43,6 +44,7 @@ def settings_for(env_name: Optional[str], config_dir: Path = CONFIG_DIR) -> Sett
     settings = load_settings(env_name, config_dir)
     check_plan(settings)  # a model that cannot fit in GPU memory, or overflowing checkpoints, stop synth
     check_capacity_end(settings)  # a Capacity Block end that a model's last save could run past
+    usr1_lead_seconds(settings)  # checkpoint storage too slow for every model's last saves at once
     return settings
 
 

@@ -45,9 +45,10 @@ def test_reservation_starts_the_lead_before_the_termination_and_backups_begin_af
     # A save that overran the cut limit runs under SIGTERM for KillWait after Slurm's time-limit pass.
     kill_wait = kill_wait_seconds(settings)
     assert window.backups == window.start + timedelta(seconds=kill_wait + TIME_LIMIT_CHECK_S) <= window.terminate
+    assert settings.gpu_queue.capacity_end_lead_min == 15  # prod's: all seven models' last saves at once
     assert capacity_end_file(settings).splitlines()[1] == (
-        f"reservation={RESERVATION} partition=gpu start=2027-01-18T10:50:00Z end=2027-01-18T11:30:00Z "
-        f"backups=2027-01-18T10:{50 + (kill_wait + TIME_LIMIT_CHECK_S) // 60:02d}:00Z")
+        f"reservation={RESERVATION} partition=gpu start=2027-01-18T10:45:00Z end=2027-01-18T11:30:00Z "
+        f"backups=2027-01-18T10:{45 + (kill_wait + TIME_LIMIT_CHECK_S) // 60:02d}:00Z")
     assert capacity_end_key(settings) == "cluster/llm-prod.capacity_end"
 
 
@@ -73,16 +74,16 @@ def test_a_lead_shorter_than_killwait_fails_synth_naming_the_field_and_the_fix(t
     assert "2027-01-18T11:00Z" in message  # when AWS terminates the instances
 
 
-def test_a_save_longer_than_the_usr1_lead_fails_synth_naming_the_model_and_the_storage(tmp_path, write_env):
-    # The smallest checkpoint file system: 1.2 TiB at 125 MB/s/TiB (150 MB/s), where model7's 0.83 TB take ~9 min.
-    slow = {"storage__checkpoints__storage_capacity_gib": 1200, "storage__checkpoints__throughput_per_tib": 125}
-    settings = load_settings("prod", with_end(tmp_path, write_env, **slow, gpu_queue__capacity_end_lead_min=60))
+def test_saves_too_slow_for_the_usr1_lead_fail_synth_naming_the_storage(tmp_path, write_env):
+    # The slowest tier (125 MB/s/TiB, 879 MB/s): one round of the seven models' saves (1.75 TB) takes
+    # 33 minutes; a Capacity Block lead long enough for that, so that only the time limits' lead fails.
+    slow = {"storage__checkpoints__throughput_per_tib": 125, "gpu_queue__capacity_end_lead_min": 120}
+    config_dir = write_env(tmp_path, "prod", **slow)
     with pytest.raises(SettingsError) as raised:
-        check_capacity_end(settings)
+        settings_for("prod", config_dir)  # what `cdk synth -c env=prod` runs first
     message = str(raised.value)
-    assert "models: model7: after --signal=USR1@600" in message
+    assert "storage.checkpoints is too slow for the models' saves: all 7 saving at once" in message
     assert "raise storage.checkpoints.throughput_per_tib or storage_capacity_gib" in message
-    assert f"2 x {save_seconds(settings)['model7']:.0f} s" in message
 
 
 def test_each_model_script_asks_for_its_shortest_useful_run():
@@ -91,10 +92,10 @@ def test_each_model_script_asks_for_its_shortest_useful_run():
     saves = save_seconds(settings)
     for model in settings.models:
         script = files[f"train_{model.name}.sh"]
-        assert f"#SBATCH --time-min={time_min_s(saves[model.name]) // 60}\n" in script
-        assert "#SBATCH --signal=USR1@600\n" in script
-    assert time_min_s(saves["model7"]) == 1200  # the USR1 lead + 10 minutes: 3 saves of 118 s are less
-    assert time_min_s(400) == 600 + 1200  # slower saves: three of them
+        assert f"#SBATCH --time-min={time_min_s(saves[model.name], 660) // 60}\n" in script
+        assert "#SBATCH --signal=USR1@660\n" in script  # two rounds of every model's save and a step
+    assert time_min_s(saves["model7"], 660) == 1260  # the USR1 lead + 10 minutes: 3 saves of 118 s are less
+    assert time_min_s(400, 600) == 600 + 1200  # slower saves: three of them
 
 
 def test_the_head_nodes_update_action_carries_the_ends_digest(tmp_path, write_env):

@@ -1,4 +1,5 @@
-"""KillWait through CustomSlurmSettings: sized for the largest planned model's save, accepted by ParallelCluster."""
+"""KillWait through CustomSlurmSettings and the USR1 lead: sized for every planned model saving at once,
+accepted by ParallelCluster."""
 
 from __future__ import annotations
 
@@ -11,16 +12,23 @@ import pytest
 from cluster_config.pcluster_schema import DEFAULT_TARGET
 from cluster_config.render import ClusterResources, render_cluster_config
 from cluster_config.settings import load_settings
-from cluster_config.slurm_timeouts import kill_wait_seconds, save_seconds
+from cluster_config.slurm_timeouts import kill_wait_seconds, save_seconds, usr1_lead_seconds
+from training.models import count_parameters, llama_config
 
 
-def test_prod_kill_wait_holds_two_saves_of_the_70b_model_and_a_step():
+def test_prod_kill_wait_and_usr1_lead_hold_two_saves_of_all_seven_models_at_once_and_a_step():
     settings = load_settings("prod")
-    # 68.98e9 parameters x 12 bytes over 7200 GiB x 1000 MB/s/TiB of checkpoint FSx.
-    one_save = 68_976_648_192 * 12 / (7200 / 1024 * 1000 * 1e6)
-    assert save_seconds(settings) == pytest.approx(one_save)
-    assert one_save == pytest.approx(117.7, abs=0.1)
-    assert kill_wait_seconds(settings) == 360 >= 2 * one_save + 60
+    # Two 7B, two 13B, two 18.4B and the 70B, x 12 bytes, over 7200 GiB x 1000 MB/s/TiB of checkpoint FSx:
+    # at a Capacity Block's end every job's limit ends at the same moment, so all save together.
+    params = sum(count_parameters(llama_config(m.preset, settings.plan.vocab_size, 4096))[0] for m in settings.models)
+    one_round = params * 12 / (7200 / 1024 * 1000 * 1e6)
+    assert save_seconds(settings) == pytest.approx(one_round)
+    assert one_round == pytest.approx(248.3, abs=0.5)  # the 70B alone: 117.7 s
+    assert kill_wait_seconds(settings) == usr1_lead_seconds(settings) == 660 >= 2 * one_round + 120
+
+
+def test_dev_keeps_the_ten_minute_usr1_lead():
+    assert usr1_lead_seconds(load_settings("dev")) == 600
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])

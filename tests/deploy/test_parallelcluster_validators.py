@@ -296,10 +296,10 @@ def test_update_check_accepts_a_new_model_before_deploy(pcluster_venv, tmp_path,
     assert main(["update-check", "--env", "prod", "--from", str(deployed)]) == 0
     out = capsys.readouterr().out
     # A 70B model joins: the model list (OnNodeUpdated) changes, and so does KillWait, which is sized
-    # for a save of the largest planned model. A running cluster accepts both.
+    # for a save of every planned model at once. A running cluster accepts both.
     assert "prod: the running cluster accepts this update (2 change(s))" in out
     assert "SUCCEEDED ['HeadNode', 'CustomActions', 'OnNodeUpdated']/Args" in out
-    assert "{'KillWait': 360}" in out
+    assert "{'KillWait': 660}" in out
 
 
 def test_update_check_refuses_an_instance_type_change_with_the_fix(pcluster_venv, tmp_path, capsys):
