@@ -10,7 +10,7 @@
 # With it:
 #   reservation  NAME, Flags=MAINT,IGNORE_JOBS, Users=root, on every node of QUEUE (or --nodes LIST),
 #                from start to end. Slurm then starts no job whose time limit reaches into it; a job
-#                with --time-min starts with its limit cut to end at start (and its --signal=USR1@600
+#                with --time-min starts with its limit cut to end at start (and its --signal=USR1@<lead>
 #                makes it save before). Created, or moved when the end changed.
 #   running jobs on those nodes whose limit ends after start get their limit cut to end there.
 #   backups      per model of MODELS_FILE ("<name> <nodes>" a line), a pending job backup-<model>-NAME
