@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def read_data(self, plan, planner, _read_data=FileSystemReader.read_data):
 def saving(save):
     def wrapped(state, *, checkpoint_id, **kwargs):
         tensor_bytes = sum(local(t).nbytes for t in leaves(state) if isinstance(t, torch.Tensor))
-        record["saves"].append({"step": int(Path(checkpoint_id).name.split("_")[1]), "tensor_bytes": tensor_bytes})
+        step = int(re.match(r"step_(\d+)", Path(checkpoint_id).name).group(1))  # step_N.partial-<writer> until committed
+        record["saves"].append({"step": step, "tensor_bytes": tensor_bytes})
         return save(state, checkpoint_id=checkpoint_id, **kwargs)
     return wrapped
 
