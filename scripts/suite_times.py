@@ -1,7 +1,11 @@
 """The suite's time by kind and by file, as the Markdown tables in docs/testing.md.
 
     SUITE_TIMES=/tmp/times.jsonl make test      # each test appends a line (tests/conftest.py)
-    python scripts/suite_times.py /tmp/times.jsonl
+    python scripts/suite_times.py /tmp/times.jsonl [--files N]   # N: only the N slowest files
+    python scripts/suite_times.py /tmp/times.jsonl --slow-over S > tests/slow_tests.txt
+
+--slow-over S lists the tests outside the local cluster that took more than S seconds of wall or CPU
+time: tests/conftest.py marks them slow, which keeps them out of `make test-fast`.
 
 Wall time is each test's own (setup, call, teardown); the two halves of `make test` run side by side,
 so the suite's wall time is the longer half, not the sum. CPU time is the pytest process's and its
@@ -37,7 +41,7 @@ def kind_of(record: dict) -> str:
     return next((kind for prefix, kind in KINDS if record["test"].startswith(prefix)), UNIT)
 
 
-def tables(records: list[dict]) -> str:
+def tables(records: list[dict], files: int | None = None) -> str:
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     by_file: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, ""])
     for r in records:
@@ -56,17 +60,27 @@ def tables(records: list[dict]) -> str:
     for kind, (n, wall, cpu) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"| {kind} | {n} | {wall:.0f} | {cpu:.0f} |")
     lines += ["", "| file | kind | tests | wall (s) | CPU (s) |", "|---|---|---:|---:|---:|"]
-    for path, (n, wall, cpu, kind) in sorted(by_file.items(), key=lambda kv: -kv[1][1]):
+    for path, (n, wall, cpu, kind) in sorted(by_file.items(), key=lambda kv: -kv[1][1])[:files]:
         lines.append(f"| `{path}` | {kind} | {n} | {wall:.0f} | {cpu:.0f} |")
     return "\n".join(lines)
 
 
+def slow_list(records: list[dict], seconds: float) -> str:
+    slow = sorted(r["test"] for r in records if not r["slurm"] and max(r["wall_s"], r["cpu_s"]) > seconds)
+    return (f"# Tests over {seconds:g} s of wall or CPU time in a measured run of `make test`, marked slow by\n"
+            "# tests/conftest.py (out of `make test-fast`). Regenerate: docs/testing.md.\n" + "\n".join(slow) + "\n")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    option = argv[1] if len(argv) == 3 else None
+    if len(argv) not in (1, 3) or option not in (None, "--files", "--slow-over"):
         print(__doc__, file=sys.stderr)
         return 2
     records = [json.loads(line) for line in Path(argv[0]).read_text().splitlines() if line.strip()]
-    print(tables(records))
+    if option == "--slow-over":
+        print(slow_list(records, float(argv[2])), end="")
+    else:
+        print(tables(records, int(argv[2]) if option else None))
     return 0
 
 

@@ -25,6 +25,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -65,7 +66,22 @@ def slurm_cluster(cluster_session: ClusterSession, dev_jobs):
         cluster.down()
 
 
-# --- where the suite's time goes (docs/testing.md) ------------------------------------------------
+# --- the tiers and where the suite's time goes (docs/testing.md) --------------------------------------
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+
+
+def pytest_collection_modifyitems(items):
+    """Mark slow the tests a measured run found slow (tests/slow_tests.txt), beside those marked by hand,
+    and every test sharing a module-scoped fixture with one of them: the run charged the fixture's
+    set-up to the first test that used it, and would charge it to the next one left in the tier."""
+    listed = {line.strip() for line in SLOW_TESTS.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    slow_fixtures = {(item.path, name) for item in items if item.nodeid in listed
+                     for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module"}
+    for item in items:
+        if item.nodeid in listed or any((item.path, name) in slow_fixtures for name in item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
+
 # With SUITE_TIMES=<file>, every test appends one JSON line: its id, whether it needs the local
 # cluster, its wall time and the CPU time of this process and the children it waited for (setup,
 # call and teardown together, so a session fixture is charged to the first test that needs it).

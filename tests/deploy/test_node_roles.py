@@ -10,6 +10,8 @@ import pytest
 from cluster_config.render import ClusterResources
 from cluster_config.settings import load_settings
 
+pytestmark = pytest.mark.slow  # the emulated account and ParallelCluster's own code
+
 # What must stay out of every cluster role's reach on the data and backup buckets: any job holds the
 # role's credentials (compute nodes cannot keep the instance metadata service from job processes).
 NEVER_ALLOWED = ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:DeleteBucket", "s3:PutBucketPolicy",
