@@ -71,32 +71,19 @@ class ClusterStack(cdk.Stack):
         # The cluster roles' rights beyond ParallelCluster's read-only S3Access (docs/cluster.md has the table).
         # Write access to the data bucket: uploads users run on the head node (README, data pipeline)
         # and the CPU queue's dataset sync.
-        self.data_upload_policy = iam.ManagedPolicy(
-            self,
-            "HeadNodeDataUpload",
-            description="The head node and the CPU queue upload to and read the data bucket; they may not delete",
-            path=PCLUSTER_POLICY_PATH,
-            document=iam.PolicyDocument.from_json(data_upload_policy(storage.data_bucket.bucket_arn)),
-        )
+        self.data_upload_policy = self._cluster_policy(
+            "HeadNodeDataUpload", "The head node and the CPU queue upload to and read the data bucket; they may not delete",
+            data_upload_policy(storage.data_bucket.bucket_arn))
         nag.acknowledge_data_upload_policy(self.data_upload_policy)
         # The CPU queue's backup job: new objects under each model's prefix of the backup bucket.
-        self.backup_upload_policy = iam.ManagedPolicy(
-            self,
-            "BackupUpload",
-            description="The CPU queue writes new backup objects under each model's prefix; no delete, no overwrite",
-            path=PCLUSTER_POLICY_PATH,
-            document=iam.PolicyDocument.from_json(
-                backup_upload_policy(storage.backup_bucket.bucket_arn, [model.name for model in settings.models])),
-        )
+        self.backup_upload_policy = self._cluster_policy(
+            "BackupUpload", "The CPU queue writes new backup objects under each model's prefix; no delete, no overwrite",
+            backup_upload_policy(storage.backup_bucket.bucket_arn, [model.name for model in settings.models]))
         nag.acknowledge_backup_upload_policy(self.backup_upload_policy)
         # Session Manager on every node, without AmazonSSMManagedInstanceCore's Parameter Store reads.
-        self.session_manager_policy = iam.ManagedPolicy(
-            self,
-            "SessionManager",
-            description="Session Manager's instance-side calls only: no Parameter Store, no Run Command",
-            path=PCLUSTER_POLICY_PATH,
-            document=iam.PolicyDocument.from_json(session_manager_policy(self.partition, self.region, self.account)),
-        )
+        self.session_manager_policy = self._cluster_policy(
+            "SessionManager", "Session Manager's instance-side calls only: no Parameter Store, no Run Command",
+            session_manager_policy(self.partition, self.region, self.account))
         nag.acknowledge_session_manager_policy(self.session_manager_policy)
         self.resources = ClusterResources(
             head_node_subnet_id=network.head_node_subnet.subnet_id,
@@ -220,3 +207,8 @@ class ClusterStack(cdk.Stack):
         cdk.CfnOutput(self, "HeadNodeInstanceId", value=cluster.get_att_string("headNode.instanceId"))
         cdk.CfnOutput(self, "ValidationMessages", value=cluster.get_att_string("validationMessages"))
         return cluster
+
+    def _cluster_policy(self, construct_id: str, description: str, document: dict) -> iam.ManagedPolicy:
+        """A managed policy under the path ParallelCluster attaches AdditionalIamPolicies from."""
+        return iam.ManagedPolicy(self, construct_id, description=description, path=PCLUSTER_POLICY_PATH,
+                                 document=iam.PolicyDocument.from_json(document))
