@@ -1,6 +1,6 @@
 """The GPU proof (benchmarks.gpu_check) cannot rot between GPU runs: its CPU mode takes every stage's code
 path at tiny widths (gloo, the fake process group), its dry invocation prints the plan, and the H100
-report committed under benchmarks/results/ is what the planner's --measured reads."""
+and H200 reports committed under benchmarks/results/ are what the planner's --measured reads."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 H100_REPORT = REPO / "benchmarks/results/gpu_check_H100/report.json"
+H200_REPORT = REPO / "benchmarks/results/gpu_check_H200/report.json"
 
 
 def gpu_check(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -75,11 +76,18 @@ def test_without_a_gpu_it_says_what_to_run_instead():
     assert "no GPU here: pass --cpu" in proc.stderr
 
 
-def test_the_planner_reads_the_committed_h100_report():
-    report = json.loads(H100_REPORT.read_text())
-    assert report["versions"]["device"].startswith("NVIDIA H100")
+@pytest.mark.parametrize("report_path, device, ratios", [
+    (H100_REPORT, "NVIDIA H100", ("llama2-70b: MFU x 1.28", "llama2-70b memory x 0.87")),
+    (H200_REPORT, "NVIDIA H200", ("llama2-70b: MFU x 1.51", "llama2-70b memory x 0.94", "18.4b: MFU x 1.15",
+                                  "llama2-7b: MFU x 1.26")),
+], ids=["H100", "H200"])
+def test_the_planner_reads_the_committed_gpu_reports(report_path, device, ratios):
+    report = json.loads(report_path.read_text())
+    assert report["versions"]["device"].startswith(device)
+    if device == "NVIDIA H200":  # the H100's session skipped llama2-7b for lack of budget; the H200's ran every stage
+        assert {stage["status"] for stage in report["stages"].values()} == {"done"}
     proc = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--measured",
-                           str(H100_REPORT)], cwd=REPO, capture_output=True, text=True, timeout=120)
+                           str(report_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: the measured MFU puts a model past its deadline
     measured = next(line for line in proc.stdout.splitlines() if "MEASURED by" in line)
-    assert "llama2-70b: MFU x 1.28" in measured and "llama2-70b memory x 0.87" in measured
+    assert all(ratio in measured for ratio in ratios), measured
