@@ -18,7 +18,10 @@ from local_cluster import demo_data
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "jobs/training/configs/tiny.yaml"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
+# torchrun, its workers forked from one process that imported torch and the trainer (fork_torchrun.py); the
+# command itself for a worker that ends with os._exit(0) (a forked worker must return to report success)
+TORCHRUN = [sys.executable, str(Path(__file__).with_name("fork_torchrun.py"))]
+TORCHRUN_COMMAND = [str(Path(sys.executable).with_name("torchrun"))]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,7 @@ class Run:
         """Launch like the sbatch payload does: torchrun ignores SIGUSR1, only the workers handle it.
 
         ``program``: what torchrun runs, the trainer or a script wrapping it (``checkpoint_io.py``)."""
-        cmd = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--standalone", *program,
+        cmd = [*TORCHRUN, f"--nproc-per-node={nproc}", "--standalone", *program,
                "--config", str(CONFIG), f"data.path={data}", *overrides]
         self.process = subprocess.Popen(
             cmd, env=self.env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -133,10 +136,11 @@ def run(tmp_path) -> Run:
     return Run(tmp_path)
 
 
-def torchrun_script(script: Path, *args: str, nproc: int = 4, timeout: float = 120) -> tuple[int | None, str]:
+def torchrun_script(script: Path, *args: str, nproc: int = 4, timeout: float = 120, launcher: list[str] = TORCHRUN
+                    ) -> tuple[int | None, str]:
     """Run ``script`` on ``nproc`` gloo processes: (exit code, None if it was stopped at ``timeout``; output)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([str(TORCHRUN), f"--nproc-per-node={nproc}", "--standalone", str(script), *args],
+    process = subprocess.Popen([*launcher, f"--nproc-per-node={nproc}", "--standalone", str(script), *args],
                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CONFIG, torchrun_script
+from conftest import CONFIG, TORCHRUN_COMMAND, torchrun_script
 
 START_S, SHORT_S = 300, 2
 LAYOUTS = {"hsdp": ["train.parallelism=hsdp", "train.hsdp_shard_size=2"],
@@ -60,7 +60,7 @@ def finished(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("timeouts")
     (out / "worker.py").write_text(WORKER)
     _, output = torchrun_script(out / "worker.py", json.dumps([START_S, SHORT_S, LAYOUTS, str(CONFIG), str(out)]),
-                                timeout=60)
+                                timeout=60, launcher=TORCHRUN_COMMAND)
     return out, output
 
 
