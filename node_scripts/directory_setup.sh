@@ -233,7 +233,9 @@ install_health_hooks() {
   install -d -m 0755 "$slurm_etc/llm" "$slurm_etc/scripts/prolog.d" "$slurm_etc/scripts/epilog.d"
   aws s3 cp --only-show-errors "$scripts_uri/slurm_health_hook.sh" "$slurm_etc/llm/slurm_health_hook.sh"
   aws s3 cp --only-show-errors "$scripts_uri/node_health.sh" "$slurm_etc/llm/node_health.sh"
+  aws s3 cp --only-show-errors "$scripts_uri/xid_catalog.tsv" "$slurm_etc/llm/xid_catalog.tsv"  # node_health.sh's Xid table
   chmod 0755 "$slurm_etc/llm/slurm_health_hook.sh" "$slurm_etc/llm/node_health.sh"
+  chmod 0644 "$slurm_etc/llm/xid_catalog.tsv"
   for hook in prolog epilog; do
     install -m 0755 "$slurm_etc/llm/slurm_health_hook.sh" "$slurm_etc/scripts/$hook.d/80_llm_node_health"
   done

@@ -173,6 +173,8 @@ def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(n
         assert installed.read_text() == (SCRIPTS / "slurm_health_hook.sh").read_text()
         assert os.access(installed, os.X_OK)
     assert os.access(node / "slurm_etc" / "llm" / "node_health.sh", os.X_OK)
+    # beside it, the Xid table it reads (node_health.sh's XID_CATALOG default)
+    assert (node / "slurm_etc" / "llm" / "xid_catalog.tsv").read_text() == (SCRIPTS / "xid_catalog.tsv").read_text()
     second = run_directory_setup(node, "--jobs-uri", "s3://assets/jobs/", "model1", extra_env=extra)
     assert second.returncode == 0, second.stderr
     assert f"jobs venv {venv} is up to date" in second.stderr
