@@ -108,7 +108,7 @@ class Checkpointer:
             replicate_group = None  # one replica: nothing to share
         self.replicate_group = replicate_group
         self.replica = dist.get_rank(replicate_group) if replicate_group is not None else 0
-        self._pending: tuple[Future, int, float] | None = None
+        self._pending: tuple[Future, int, float, dict] | None = None  # the save in flight: step, start, meta
         # One stager for the whole run, so pinned CPU buffers are allocated once (GPU only).
         self._stager = DefaultStager(StagingOptions(d.on_gpu, False, False, False)) if async_save else None
         self._cleaner: ThreadPoolExecutor | None = None  # rank 0's deleting thread, started when first needed
@@ -129,8 +129,9 @@ class Checkpointer:
             self._clear_leftovers()
 
     # --- saving ---------------------------------------------------------------------------------
-    def save(self, step: int, state: dict, *, wait: bool = False) -> float:
-        """Save ``state`` as step ``step``; returns the seconds training was blocked."""
+    def save(self, step: int, state: dict, *, wait: bool = False, meta: dict | None = None) -> float:
+        """Save ``state`` as step ``step``; returns the seconds training was blocked. ``meta``: recorded in
+        ``train_meta.json`` beside the identity (the replica check's last agreeing step)."""
         start = time.perf_counter()
         self.wait()
         path = self.partial_dir(step)
@@ -146,7 +147,7 @@ class Checkpointer:
         if self.async_save and not wait:
             future = dcp.async_save(own, checkpoint_id=path, process_group=self.d.checkpoint_group,
                                     async_stager=self._stager)
-            self._pending = (future, step, start)
+            self._pending = (future, step, start, meta or {})
         else:
             try:
                 dcp.save(own, checkpoint_id=path, process_group=self.d.checkpoint_group)
@@ -155,7 +156,7 @@ class Checkpointer:
                 raise NoRoomForCheckpoint(f"the final checkpoint {self.step_dir(step)} could not be written "
                                           f"({_first_line(exc)}); "
                                           f"`latest` still names step {self.latest_step()}") from None
-            self._commit(step, start)
+            self._commit(step, start, meta or {})
         return time.perf_counter() - start
 
     def _own(self, state: dict) -> dict:
@@ -193,14 +194,14 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until the in-flight save (if any) is written and committed."""
         if self._pending:
-            future, step, start = self._pending
+            future, step, start, meta = self._pending
             self._pending = None
             try:
                 future.result()
             except (Exception, dcp.CheckpointException) as exc:  # a full disk, a lost file system: go on
                 self._failed(step, exc)
                 return
-            self._commit(step, start)
+            self._commit(step, start, meta)
 
     def close(self) -> None:
         self.wait()
@@ -211,7 +212,7 @@ class Checkpointer:
         if self.holder is not None:
             lease.release(self.dir, self.holder)
 
-    def _commit(self, step: int, start: float) -> None:
+    def _commit(self, step: int, start: float, meta: dict) -> None:
         """Make the written save ``step_<N>`` and name it in ``latest`` (rank 0; every rank's data and DCP's
         ``.metadata`` are on disk once rank 0's save has returned)."""
         if not self.d.is_main:
@@ -228,8 +229,8 @@ class Checkpointer:
                 f"'{LATEST}' in {self.dir} names step {latest}, newer than this run's checkpoint step {step}: "
                 f"another job has written this model's checkpoints since this run started. '{LATEST}' stays at "
                 f"step {latest}, checkpoint step {step} is left uncommitted in {partial.name}, and this run stops")
-        write_atomic(partial / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity},
-                                                indent=1))
+        write_atomic(partial / META, json.dumps({"step": step, "world_size": self.d.world_size, **self.identity,
+                                                 **meta}, indent=1))
         if path.exists():  # saved before by a run that did not commit it, or resumed from an older step
             replaced = self.deleting_dir(step)
             path.rename(replaced)

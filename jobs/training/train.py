@@ -26,7 +26,7 @@ from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from . import distributed
+from . import distributed, replicas
 from .checkpoint import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
 from .determinism import set_determinism
@@ -118,6 +118,12 @@ class Trainer:
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
             self.step = self._resume()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
+        self.sentinel = None
+        group = replicas.replica_group(cfg.train.parallelism, self.mesh, d) if cfg.train.replica_check_every else None
+        if group is not None:
+            self.sentinel = replicas.Sentinel(self.model, d, group)
+        elif cfg.train.replica_check_every:
+            log.info("replica check: none (%s keeps one copy of each parameter shard)", cfg.train.parallelism)
         self.metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
                                world_size=d.world_size, device=d.device,
                                tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
@@ -154,9 +160,12 @@ class Trainer:
             due = self.step % cfg.checkpoint.every == 0 or last
             if cfg.checkpoint.every_minutes and not due:  # on any rank's clock, so all ranks save together
                 due = distributed.any_rank(time.monotonic() - last_save >= 60 * cfg.checkpoint.every_minutes, d)
+            if self.sentinel and (due or self.step % cfg.train.replica_check_every == 0):
+                self.check_replicas()  # before a save: no checkpoint holds disagreeing copies
             if due:
                 with self.watchdog.allow(cfg.train.init_timeout_s):  # a final save is synchronous
-                    metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last))
+                    metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last,
+                                                           meta=self.replica_meta()))
                 last_save = time.monotonic()
 
         with self.watchdog.allow(cfg.train.init_timeout_s):
@@ -171,6 +180,28 @@ class Trainer:
         if d.is_main:
             write_atomic(ckpt.dir / "STATUS", status + "\n")
         return status
+
+    def check_replicas(self) -> None:
+        """The sentinel's check on every rank; all ranks stop together if any group's copies disagree."""
+        try:
+            self.sentinel.check(self.step)
+            mismatch = None
+        except replicas.ReplicaMismatch as exc:
+            mismatch = exc
+        if not distributed.any_rank(mismatch is not None, self.d):
+            return
+        if mismatch is None:
+            raise replicas.ReplicaMismatch(f"another group's replicas disagree after step {self.step}: stopping with them")
+        log.error("%s", mismatch)
+        self.metrics.event(kind="replica_mismatch", step=self.step, message=str(mismatch))
+        _report_failure(f"sdc: {mismatch}")
+        raise mismatch
+
+    def replica_meta(self) -> dict:
+        """What a checkpoint records of the sentinel: the step its copies were last seen to agree."""
+        if self.sentinel is None:
+            return {"replicas_checked": False}
+        return {"replicas_checked": True, "replicas_agreed_at": self.sentinel.last_agreed}
 
     def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step over ``accum`` micro-batches; returns the loss (summed), grad norm and lr."""
@@ -299,11 +330,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report_user_error(message: str) -> None:
     """Tell jobs/train.sh that this failure needs a human, not a requeue (torchrun's exit code cannot)."""
+    _report_failure(f"user: {message}")
+
+
+def _report_failure(line: str) -> None:
+    """Tell jobs/train.sh why the run stopped (``user: ...``, ``sdc: ...``): a line of TRAIN_FAILURE_FILE."""
     path = os.environ.get("TRAIN_FAILURE_FILE")
     if path:
         try:
             with open(path, "w") as f:
-                f.write(f"user: {message}\n")
+                f.write(line + "\n")
         except OSError as exc:
             log.warning("could not write %s: %s", path, exc)
 

@@ -119,3 +119,15 @@ def test_recovery_benchmark(slurm_cluster, tmp_path):
     assert 0 <= row["steps_repeated"] <= 6  # at most one checkpoint interval
     assert row["losses_identical"] is True
     assert "| time limit (SIGUSR1), baseline |" in proc.stdout
+
+
+def test_replica_check_benchmark(tmp_path):
+    """The sentinel's cost, on this CPU at a small size: each replicated prod model gets its figure."""
+    proc, result = run([sys.executable, "-m", "benchmarks.replica_check", "--gib", "0.02"],
+                       tmp_path / "replica_check.json", timeout=300)
+    assert proc.returncode == (0 if all(r["fraction_of_step"] < 0.005 for r in result["models"]) else 1), proc.stderr
+    assert positive(result["check_s"], result["baseline_s"], result["check_gb_per_s"])
+    replicated = {r["model"]: r["layout"] for r in result["models"]}
+    assert replicated == {f"model{i}": "hsdp shards of 8" for i in range(1, 7)}  # model7 is FSDP x TP: no copies
+    for row in result["models"]:
+        assert row["check_s"] == pytest.approx(row["rank_bytes"] / (result["check_gb_per_s"] * 1e9))
