@@ -1,4 +1,5 @@
-"""README's layout section matches the tree: every top-level entry is described, every path it names exists."""
+"""README is the door: under 200 lines, with its status table and quick start; its layout section matches the
+tree (every top-level entry described, every path it names exists)."""
 
 import re
 import subprocess
@@ -24,3 +25,15 @@ def test_readme_layout_matches_the_tree():
                 assert hits, f"README layout names {name} ({folder}), which is not in the tree"
         for name in re.findall(r"`([^`\s]+)`", folder):
             assert (ROOT / name).exists(), f"README layout names {name}, which is not in the tree"
+
+
+def test_readme_is_a_door_not_a_manual():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, "README over 200 lines: move the detail into docs/ and link it"
+    for heading in ("## Status: what is proven, and where", "## Quick start", "## From an empty account to a trained model",
+                    "## Layout", "## Documentation"):
+        assert heading in readme
+    for doc in re.findall(r"\]\((docs/[\w.-]+\.md)", readme):
+        assert (ROOT / doc).is_file(), f"README links {doc}, which does not exist"
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", readme.split("## Documentation", 1)[1]))
+    assert linked == {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}, "every page of docs/ is linked from README"
