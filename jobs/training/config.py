@@ -112,6 +112,10 @@ class TrainConfig(_Section):
     timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
     watchdog_floor_s: float = Field(180, gt=0, description="progress watchdog: shortest window without a step")
     watchdog_factor: float = Field(10, gt=0, description="progress watchdog: window = this x the median step time")
+    straggler_margin: float = Field(0.10, gt=0, description="a rank whose probe (a fixed matmul on its device, timed "
+                                    "each log interval: training/stragglers.py) is this much over the median is slow")
+    straggler_intervals: int = Field(5, gt=0, description="log intervals in a row the same rank must be slow to be "
+                                     "reported as a straggler (a straggler event and a warning naming rank and node)")
     replica_check_every: int = Field(50, ge=0, description="DDP and HSDP: every n steps and before every checkpoint, "
                                      "the copies of each parameter compare their bits (training/replicas.py): silent "
                                      "data corruption stops the run before it saves; 0: off")

@@ -88,7 +88,7 @@ class Metrics:
     def add_checkpoint_block(self, seconds: float) -> None:
         self.checkpoint_block += seconds
 
-    def emit(self, step: int, *, loss: float, lr: float, grad_norm: float) -> dict:
+    def emit(self, step: int, *, loss: float, lr: float, grad_norm: float, extra: dict | None = None) -> dict:
         """Summarize the interval since the last emit (step = optimizer steps done) and reset."""
         # Wall time of the interval, not summed per-step timers: on a GPU the host runs ahead of
         # the device, and only the interval's end (loss.item()) is a synchronization point. Training
@@ -109,6 +109,7 @@ class Metrics:
             "checkpoint_block_s": self.checkpoint_block,
             "memory_gib": memory_gib(self.device),
             "samples_crc": self.samples_crc,  # CRC-32 of rank 0's input ids in the interval
+            **(extra or {}),  # per-rank timing (training/stragglers.py)
         }
         if self.peak:
             record["mfu_pct"] = 100 * record["tokens_per_s_per_device"] * self.flops_per_token / self.peak

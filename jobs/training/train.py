@@ -26,7 +26,7 @@ from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from . import distributed, replicas
+from . import distributed, replicas, stragglers
 from .checkpoint import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
 from .determinism import set_determinism
@@ -118,6 +118,8 @@ class Trainer:
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
             self.step = self._resume()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
+        self.rank_timing = stragglers.RankTiming(d, margin=cfg.train.straggler_margin,
+                                                 intervals=cfg.train.straggler_intervals)
         self.sentinel = None
         group = replicas.replica_group(cfg.train.parallelism, self.mesh, d) if cfg.train.replica_check_every else None
         if group is not None:
@@ -147,8 +149,11 @@ class Trainer:
             stopping = distributed.any_rank(self.stop.requested, d)
             last = self.step == cfg.train.steps or stopping
             if self.step % cfg.log.interval == 0 or last:
+                ranks = self.rank_timing.interval(metrics.data_wait)
+                if ranks.new_straggler:
+                    self.report_straggler(ranks)
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
-                             grad_norm=grad_norm.item())
+                             grad_norm=grad_norm.item(), extra=ranks.fields())
             if self.evaluator and self.evaluator.due(self.step):
                 # An evaluation is no training step; the first one compiles every layer again (eval mode),
                 # so its collectives get the start-up timeout, as the watchdog gives it the start-up window.
@@ -180,6 +185,16 @@ class Trainer:
         if d.is_main:
             write_atomic(ckpt.dir / "STATUS", status + "\n")
         return status
+
+    def report_straggler(self, ranks: stragglers.Report) -> None:
+        """Once per episode: the rank and node that held the others back for straggler_intervals intervals."""
+        message = (f"straggler: rank {ranks.slowest_rank} on {ranks.slowest_host} has been {100 * ranks.excess:.0f} % "
+                   f"slower than the median rank for {ranks.intervals_over} log intervals (probe: a fixed matmul on "
+                   f"its device; train.straggler_margin {self.cfg.train.straggler_margin:g})")
+        if self.d.is_main:
+            log.warning("%s", message)
+        self.metrics.event(kind="straggler", step=self.step, rank=ranks.slowest_rank, node=ranks.slowest_host,
+                           excess_pct=round(100 * ranks.excess, 1), intervals=ranks.intervals_over)
 
     def check_replicas(self) -> None:
         """The sentinel's check on every rank; all ranks stop together if any group's copies disagree."""

@@ -131,3 +131,14 @@ def test_replica_check_benchmark(tmp_path):
     assert replicated == {f"model{i}": "hsdp shards of 8" for i in range(1, 7)}  # model7 is FSDP x TP: no copies
     for row in result["models"]:
         assert row["check_s"] == pytest.approx(row["rank_bytes"] / (result["check_gb_per_s"] * 1e9))
+
+
+def test_straggler_probe_benchmark(tmp_path):
+    """The probe's noise on this CPU, few samples: the shares and the expected false reports are consistent."""
+    proc, result = run([sys.executable, "-m", "benchmarks.straggler_probe", "--samples", "30"],
+                       tmp_path / "straggler_probe.json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert positive(result["median_ms"]) and result["max_over_median"] >= result["p99_over_median"] >= 1
+    shares = [result["over_margin"][m]["share"] for m in ("0.02", "0.05", "0.1", "0.2")]
+    assert shares == sorted(shares, reverse=True) and all(0 <= s < 1 for s in shares)
+    assert (result["default_margin"], result["default_intervals"]) == (0.1, 5)
