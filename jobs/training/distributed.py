@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -116,6 +117,13 @@ def mean_over_ranks(value: float, d: Dist) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, group=d.control_group)
     return t.item() / d.world_size
+
+
+def hostnames(d: Dist) -> list[str]:
+    """Every rank's host name, by global rank: what reports name a rank's node by."""
+    hosts: list = [None] * d.world_size
+    dist.all_gather_object(hosts, socket.gethostname(), group=d.control_group)
+    return hosts
 
 
 def device_mesh(d: Dist, train) -> DeviceMesh | None:

@@ -19,8 +19,6 @@ sentinel says so once (a corruption there shows only as a loss spike or a non-fi
 
 from __future__ import annotations
 
-import logging
-import socket
 from collections import Counter
 
 import torch
@@ -28,8 +26,6 @@ import torch.distributed as dist
 from torch import nn
 
 from .distributed import Dist
-
-log = logging.getLogger(__name__)
 
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -57,12 +53,10 @@ def parameter_sums(model: nn.Module) -> tuple[list[str], torch.Tensor]:
 class Sentinel:
     """Compares this rank's parameter sums with the other copies' in ``group`` (the ranks holding the same shards)."""
 
-    def __init__(self, model: nn.Module, d: Dist, group: dist.ProcessGroup):
-        self.model, self.d, self.group = model, d, group
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup, hosts: list[str]):
+        self.model, self.group = model, group
         self.size = dist.get_world_size(group)
-        hosts: list = [None] * self.size
-        dist.all_gather_object(hosts, (d.rank, socket.gethostname()), group=group)
-        self.members = hosts  # [(global rank, host)] in the group's order
+        self.members = [(r, hosts[r]) for r in dist.get_process_group_ranks(group)]  # (global rank, host), group order
         self.last_agreed = -1  # the step of the last check that agreed
 
     def check(self, step: int) -> None:
@@ -88,10 +82,7 @@ class Sentinel:
         raise ReplicaMismatch(
             f"replicas disagree after step {step} (last agreed at step {self.last_agreed}) in {params}; "
             f"suspect ({whose}): {ranks}. Silent data corruption: the run stops without saving and resumes from "
-            f"the last checkpoint, every one of which was checked at its step; nodes={self.suspect_hosts(suspects)}")
-
-    def suspect_hosts(self, suspects: list[int]) -> str:
-        return ",".join(sorted({self.members[i][1] for i in suspects}))
+            f"the last checkpoint, every one of which was checked at its step")
 
 
 def replica_group(parallelism: str, mesh, d: Dist) -> dist.ProcessGroup | None:

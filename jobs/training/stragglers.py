@@ -21,7 +21,6 @@ once per episode (reported, not acted on).
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -103,10 +102,8 @@ class Detector:
 class RankTiming:
     """Each interval's per-rank figures, gathered; every rank gets the same report."""
 
-    def __init__(self, d: Dist, *, margin: float, intervals: int):
+    def __init__(self, d: Dist, hosts: list[str], *, margin: float, intervals: int):
         self.d = d
-        hosts: list = [None] * d.world_size
-        dist.all_gather_object(hosts, socket.gethostname(), group=d.control_group)
         self.detector = Detector(hosts, margin=margin, intervals=intervals)
 
     def interval(self, data_wait_s: float) -> Report:

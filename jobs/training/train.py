@@ -118,12 +118,13 @@ class Trainer:
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
             self.step = self._resume()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
-        self.rank_timing = stragglers.RankTiming(d, margin=cfg.train.straggler_margin,
+        hosts = distributed.hostnames(d)
+        self.rank_timing = stragglers.RankTiming(d, hosts, margin=cfg.train.straggler_margin,
                                                  intervals=cfg.train.straggler_intervals)
         self.sentinel = None
         group = replicas.replica_group(cfg.train.parallelism, self.mesh, d) if cfg.train.replica_check_every else None
         if group is not None:
-            self.sentinel = replicas.Sentinel(self.model, d, group)
+            self.sentinel = replicas.Sentinel(self.model, group, hosts)
         elif cfg.train.replica_check_every:
             log.info("replica check: none (%s keeps one copy of each parameter shard)", cfg.train.parallelism)
         self.metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
@@ -189,7 +190,7 @@ class Trainer:
     def report_straggler(self, ranks: stragglers.Report) -> None:
         """Once per episode: the rank and node that held the others back for straggler_intervals intervals."""
         message = (f"straggler: rank {ranks.slowest_rank} on {ranks.slowest_host} has been {100 * ranks.excess:.0f} % "
-                   f"slower than the median rank for {ranks.intervals_over} log intervals (probe: a fixed matmul on "
+                   f"slower than the median of the other ranks for {ranks.intervals_over} log intervals (probe: a fixed matmul on "
                    f"its device; train.straggler_margin {self.cfg.train.straggler_margin:g})")
         if self.d.is_main:
             log.warning("%s", message)
