@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .presets import Preset
+from .architecture import Architecture
 
 DIMS = ("tp", "dp_shard", "dp_replicate")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "reduce", "gather", "scatter")
@@ -156,7 +156,7 @@ def _unit(params: float, lay: _Layout, *, gathers: int, last_micro_batch: bool) 
     return traffic
 
 
-def layer_traffic(preset: Preset, *, micro_batch: int, seq_len: int, tp: int = 1, dp: int, parallelism: str = "fsdp",
+def layer_traffic(preset: Architecture, *, micro_batch: int, seq_len: int, tp: int = 1, dp: int, parallelism: str = "fsdp",
                   hsdp_shard_size: int = 8, activation_checkpointing: bool = False,
                   grad_reduce: str = "every_micro_batch", last_micro_batch: bool = False, compute_bytes: int = 2,
                   reduce_bytes: int = REDUCE_BYTES) -> Traffic:
@@ -212,7 +212,7 @@ def layer_traffic(preset: Preset, *, micro_batch: int, seq_len: int, tp: int = 1
     return traffic
 
 
-def outer_traffic(preset: Preset, *, vocab_size: int, micro_batch: int, seq_len: int, tp: int = 1, dp: int,
+def outer_traffic(preset: Architecture, *, vocab_size: int, micro_batch: int, seq_len: int, tp: int = 1, dp: int,
                   parallelism: str = "fsdp", hsdp_shard_size: int = 8, grad_reduce: str = "every_micro_batch",
                   last_micro_batch: bool = False, compute_bytes: int = 2, reduce_bytes: int = REDUCE_BYTES) -> Traffic:
     """The least collective traffic of everything but the decoder layers in one micro-batch.
@@ -251,7 +251,7 @@ def recomputed_layers(layers: int, activation_checkpointing: bool, every: int = 
     return -(-layers // every) if activation_checkpointing else 0
 
 
-def step_traffic(preset: Preset, *, vocab_size: int, micro_batch: int, seq_len: int, accumulation: int, tp: int = 1,
+def step_traffic(preset: Architecture, *, vocab_size: int, micro_batch: int, seq_len: int, accumulation: int, tp: int = 1,
                  dp: int, parallelism: str = "fsdp", hsdp_shard_size: int = 8, activation_checkpointing: bool = False,
                  activation_checkpointing_every: int = 1, grad_reduce: str = "every_micro_batch",
                  compute_bytes: int = 2, reduce_bytes: int = REDUCE_BYTES) -> Traffic:

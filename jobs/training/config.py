@@ -18,7 +18,8 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .presets import PRESETS  # torch-free: the cluster settings check configs with this module
+from .architecture import ArchitectureError
+from .presets import resolve  # torch-free: the cluster settings check configs with this module
 
 
 MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/<model>.yaml, derived from the settings
@@ -53,15 +54,31 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    preset: str = Field("tiny", description="model shape: one of training.models.PRESETS")
-    vocab_size: int = Field(0, ge=0, description="0: the dataset's vocabulary, rounded up to a multiple of 64")
+    preset: str = Field("tiny", description="the architecture: a shorthand (training/presets.py), a Hugging Face "
+                        "config shipped in jobs/training/architectures/ by its folder's name (llama3.1-8b), or an "
+                        "absolute path to a config.json or its folder")
+    vocab_size: int = Field(0, ge=0, description="0: the architecture's vocabulary if its config.json gives one, "
+                            "else the dataset's, rounded up to a multiple of 64")
+    init_from: str = Field("", description="a Hugging Face checkpoint folder (config.json + *.safetensors) whose "
+                           "weights start the run (continued pre-training): each rank reads only its slices; the "
+                           "data order and the optimizer start fresh. Used only when the run has no checkpoint yet")
 
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str) -> str:
-        if value not in PRESETS:
-            raise ValueError(f"unknown preset {value!r}; choose one of {', '.join(PRESETS)}")
+        try:
+            resolve(value)
+        except ArchitectureError as exc:
+            raise ValueError(str(exc)) from None
         return value
+
+    @model_validator(mode="after")
+    def _vocabulary(self) -> ModelConfig:
+        fixed = resolve(self.preset).vocab
+        if fixed and self.vocab_size and self.vocab_size != fixed:
+            raise ValueError(f"model.vocab_size {self.vocab_size} differs from {self.preset}'s vocabulary ({fixed}); "
+                             f"remove model.vocab_size (the architecture's config.json sizes it)")
+        return self
 
 
 class DataConfig(_Section):
@@ -170,7 +187,12 @@ class Config(_Section):
         if tp > 1:
             if self.train.parallelism == "ddp":
                 raise ValueError("train.tensor_parallel > 1 needs train.parallelism fsdp or hsdp; ddp replicates whole layers")
-            preset = PRESETS[self.model.preset]
+            preset = resolve(self.model.preset)
+            if preset.tied_embeddings:
+                raise ValueError(f"train.tensor_parallel {tp}: {self.model.preset} ties its output projection to its "
+                                 f"input embedding, and the tensor-parallel plan shards the two along different "
+                                 f"dimensions; use train.tensor_parallel: 1 (the tied models are small: FSDP alone "
+                                 f"fits them)")
             for what, n in (("heads", preset.heads), ("key/value heads", preset.kv_heads or preset.heads),
                             ("FFN size", preset.ffn_size)):
                 if n % tp:
@@ -315,6 +337,7 @@ def _resolve_paths(c: Config) -> Config:
 
     c.data.path = expand(c.data.path, "data.path")
     c.data.tokenizer = expand(c.data.tokenizer, "data.tokenizer")
+    c.model.init_from = expand(c.model.init_from, "model.init_from")
     c.eval.path = expand(c.eval.path or f"{c.data.path}/val", "eval.path")
     c.checkpoint.dir = expand(c.checkpoint.dir or f"${{FSX_CHECKPOINTS}}/{c.name}", "checkpoint.dir")
     c.log.dir = expand(c.log.dir or f"${{FSX_LOGS}}/{c.name}", "log.dir")

@@ -46,7 +46,7 @@ from cli import ArgumentParser, fail
 from . import distributed
 from .cluster import Cluster, add_arguments, load_cluster
 from .config import Config, ConfigError, load_config, read_config_file
-from .models import llama_config
+from .models import hf_config
 
 GIB = 1024**3
 # CUDA context, library workspaces and NCCL's buffers, outside torch's allocator. Measured on one H100
@@ -166,7 +166,7 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     start = time.perf_counter()
     accum = cfg.grad_accum_steps(world_size)
     d = fake_dist(world_size)
-    model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
+    model_config = hf_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
     deferred = cfg.train.grad_reduce == "last_micro_batch" or cfg.train.parallelism == "ddp"
     try:
         mesh = distributed.device_mesh(d, cfg.train)  # outside fake mode: it reads real rank tensors
@@ -270,7 +270,7 @@ _MEASURE = r"""
 import json, os, resource, sys, torch, torch.distributed as dist
 from training import distributed
 from training.dry_run import load_model_config
-from training.models import llama_config
+from training.models import hf_config
 from training.models import compute_loss
 from training.train import build
 
@@ -280,7 +280,7 @@ cfg = load_model_config(args["config"], args["overrides"])
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args["port"]))
 dist.init_process_group("gloo", rank=0, world_size=1)
 d = distributed.Dist(0, 1, 0, torch.device("cpu"), dist.group.WORLD, dist.group.WORLD)
-model_config = llama_config(cfg.model.preset, args["vocab_size"], cfg.data.seq_len)
+model_config = hf_config(cfg.model.preset, args["vocab_size"], cfg.data.seq_len)
 profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
 profiler.__enter__()
 model, optimizer = build(cfg, model_config, d, distributed.device_mesh(d, cfg.train), mixed_precision=False)

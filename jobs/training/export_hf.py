@@ -43,7 +43,7 @@ from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 from transformers.utils.hub import convert_file_size_to_int
 
 from .checkpoint import LATEST, META, STEP_DIR
-from .models import build_model, llama_config
+from .models import build_model, hf_config
 
 log = logging.getLogger("training.export_hf")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -171,7 +171,7 @@ def export(checkpoint_dir: str | Path, out: str | Path | None = None, *, tokeniz
     meta = json.loads((checkpoint / META).read_text())
     if tok.vocab_size > meta["vocab_size"]:
         raise ExportError(f"tokenizer {tokenizer} has {tok.vocab_size} ids, the model only {meta['vocab_size']}")
-    config = llama_config(meta["preset"], meta["vocab_size"], meta["seq_len"])
+    config = hf_config(meta["preset"], meta["vocab_size"], meta["seq_len"])
     config.eos_token_id = tok.eos_id
     config.use_cache = True  # training turned the KV cache off; generation wants it
     config.dtype = dtype

@@ -51,7 +51,7 @@ from .cluster import load_cluster
 from .config import Config, ConfigError, read_config_file, set_key
 from .dry_run import DEFAULT_VOCAB, load_model_config
 from .metrics import peak_flops
-from .models import RESIDUAL_OUTPUTS, canonical_name, flops_per_token, llama_config
+from .models import RESIDUAL_OUTPUTS, canonical_name, flops_per_token, hf_config
 from .presets import PRESETS
 from .throughput import estimate_mfu
 from .train import Trainer, build
@@ -256,12 +256,12 @@ _PREDICT = r"""
 import json, sys
 from training import dry_run
 args = json.loads(sys.argv[1])
-llama_config = dry_run.llama_config
+hf_config = dry_run.hf_config
 def shrunk(*a, **k):  # the dry run's model with the layout check's layers
-    config = llama_config(*a, **k)
+    config = hf_config(*a, **k)
     config.num_hidden_layers = args["layers"]
     return config
-dry_run.llama_config = shrunk
+dry_run.hf_config = shrunk
 cfg = dry_run.load_model_config(args["config"])
 report = dry_run.dry_run(cfg, args["world_size"], gpu_memory_gib=args["gpu_memory_gib"], vocab_size=args["vocab_size"])
 print(json.dumps({"layout": report.layout, "categories": report.categories}))
@@ -308,7 +308,7 @@ def measure(cfg: Config, d: distributed.Dist, layers: int, *, warmup: int, compi
     """Every rank: build, check the init, train, time, and maybe the other compile setting. Rank 0 gets the
     record (numbers in acceptance's keys, ``None`` where not measured with the reason in ``not_measured``)."""
     vocab = cfg.model.vocab_size
-    model_config = llama_config(cfg.model.preset, vocab, cfg.data.seq_len)
+    model_config = hf_config(cfg.model.preset, vocab, cfg.data.seq_len)
     model_config.num_hidden_layers = layers
     mesh = distributed.device_mesh(d, cfg.train)
     stepper = Steps(cfg, d, mesh, model_config)

@@ -1,8 +1,9 @@
-"""Llama-style causal language models, sized by named presets.
+"""Causal language models of the Llama decoder family, built from an ``Architecture``.
 
-The model is transformers' ``LlamaForCausalLM``; this module only chooses its shape, builds it
-without allocating the full weights (meta device, so a 70B model never exists whole on one rank)
-and initializes whatever part a rank holds after sharding.
+The model is transformers' own class for the family (``LlamaForCausalLM``, ``MistralForCausalLM``,
+``Qwen2ForCausalLM``), configured by ``architecture.to_hf_config``; this module builds it without
+allocating the full weights (meta device, so a 70B model never exists whole on one rank) and
+initializes whatever part a rank holds after sharding.
 """
 
 from __future__ import annotations
@@ -14,32 +15,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from .presets import PRESETS, Preset  # noqa: F401 (the table lives in presets.py, torch-free for the planner)
-
-
-def llama_config(preset: str, vocab_size: int, seq_len: int) -> LlamaConfig:
-    p = PRESETS[preset]
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=p.hidden,
-        intermediate_size=p.ffn_size,
-        num_hidden_layers=p.layers,
-        num_attention_heads=p.heads,
-        num_key_value_heads=p.kv_heads or p.heads,
-        max_position_embeddings=seq_len,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-        use_cache=False,
-    )
+from .architecture import Architecture, from_hf_config, to_hf_config
+from .presets import resolve
 
 
-def build_model(config: LlamaConfig) -> LlamaForCausalLM:
+def hf_config(preset: str | Architecture, vocab_size: int, seq_len: int) -> PretrainedConfig:
+    """The transformers config of an architecture (or of what ``model.preset`` names)."""
+    arch = resolve(preset) if isinstance(preset, str) else preset
+    raw = to_hf_config(arch, vocab_size, seq_len)
+    return AutoConfig.for_model(**raw, attn_implementation="sdpa", use_cache=False)
+
+
+def architecture_of(config: PretrainedConfig) -> Architecture:
+    return from_hf_config(config.to_dict())
+
+
+def build_model(config: PretrainedConfig) -> PreTrainedModel:
     """The model on the meta device: shapes only, no memory. Shard it, then ``init_weights``."""
     with torch.device("meta"):
-        return LlamaForCausalLM(config)
+        return AutoModelForCausalLM.from_config(config)
 
 
 # Residual output projections: each block adds their output to the residual stream, whose variance
@@ -48,11 +44,11 @@ RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, seed: int) -> None:
+def init_weights(model: nn.Module, config: PretrainedConfig, device: torch.device, seed: int) -> None:
     """Allocate on ``device`` and initialize, seeded; every layout gets the same model.
 
     Matrices ~ normal(0, 0.02), the residual output projections (``RESIDUAL_OUTPUTS``) ~
-    normal(0, 0.02 / sqrt(2 x layers)), norms 1. Each matrix is drawn whole, on its own device, from
+    normal(0, 0.02 / sqrt(2 x layers)), norms 1, biases 0. Each matrix is drawn whole, on its own device, from
     a generator seeded by (seed, its name), and each rank keeps its shard: DDP, FSDP, HSDP and FSDP x
     TP start from the same weights at any world size (on a given device type: CUDA and CPU
     generators differ). One matrix exists whole at a time (70B's largest: 1 GiB in fp32).
@@ -61,13 +57,13 @@ def init_weights(model: nn.Module, config: LlamaConfig, device: torch.device, se
     std = config.initializer_range
     for name, param in model.named_parameters():
         name = canonical_name(name)
-        if param.dim() < 2:  # RMSNorm gains
-            param.fill_(1.0)
+        if param.dim() < 2:  # RMSNorm gains, projection biases (Qwen2)
+            param.fill_(0.0 if name.endswith(".bias") else 1.0)
             continue
         sigma = std / math.sqrt(2 * config.num_hidden_layers) if name.endswith(RESIDUAL_OUTPUTS) else std
         _normal_by_name(param, sigma, seed, name)
     # Rotary frequencies are a computed buffer, left as garbage by to_empty: compute them again.
-    model.model.rotary_emb = LlamaRotaryEmbedding(config).to(device)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config).to(device)
 
 
 WRAPPER_PARTS = {"module", "_checkpoint_wrapped_module", "_orig_mod"}  # DDP, activation checkpointing, torch.compile
@@ -108,20 +104,13 @@ def compute_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, r
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
-def count_parameters(config: LlamaConfig) -> tuple[int, int]:
-    """(all parameters, parameters outside the embedding tables)."""
-    p = config
-    kv = p.num_key_value_heads * (p.hidden_size // p.num_attention_heads)
-    attn = 2 * p.hidden_size * p.hidden_size + 2 * p.hidden_size * kv
-    mlp = 3 * p.hidden_size * p.intermediate_size
-    per_layer = attn + mlp + 2 * p.hidden_size
-    body = p.num_hidden_layers * per_layer + p.hidden_size
-    embeddings = 2 * p.vocab_size * p.hidden_size
-    return body + embeddings, body
+def count_parameters(config: PretrainedConfig) -> tuple[int, int]:
+    """(all parameters, parameters outside the embedding tables), as the planner counts them."""
+    arch = architecture_of(config)
+    total = arch.parameters(config.vocab_size)
+    return total, total - (1 if arch.tied_embeddings else 2) * config.vocab_size * config.hidden_size
 
 
-def flops_per_token(config: LlamaConfig, seq_len: int) -> float:
+def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
     """Training FLOPs per token: 6 x matmul parameters + causal attention (PaLM appendix B)."""
-    _, body = count_parameters(config)
-    matmul_params = body + config.vocab_size * config.hidden_size  # the output projection
-    return 6 * matmul_params + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    return architecture_of(config).flops_per_token(config.vocab_size, seq_len)

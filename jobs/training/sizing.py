@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .presets import Preset
+from .architecture import Architecture
 
 GIB = 2**30
 ADAM_BYTES = 8  # two fp32 moments per parameter
@@ -53,7 +53,7 @@ MASTER_BYTES = 4  # fp32 weights (and fp32 gradients)
 
 @dataclass(frozen=True)
 class RunShape:
-    preset: Preset
+    preset: Architecture
     vocab_size: int
     seq_len: int
     micro_batch: int
@@ -85,7 +85,7 @@ class Memory:
         return {**{f.name: getattr(self, f.name) / GIB for f in fields(self)}, "total": self.total / GIB}
 
 
-def layer_activation_bytes_per_token(p: Preset, a: int, tensor_parallel: int = 1) -> float:
+def layer_activation_bytes_per_token(p: Architecture, a: int, tensor_parallel: int = 1) -> float:
     """Bytes one decoder layer saves for backward, per token (see the module docstring)."""
     norms = 8 * p.hidden  # the norms' fp32 input and output: sequence shards under tensor parallel
     block_inputs = a * 2 * p.hidden  # the attention and MLP inputs, gathered whole for the column-parallel matrices
@@ -138,6 +138,6 @@ def memory(run: RunShape) -> Memory:
     return Memory(params, grads, optim, gathered, activation_bytes(run), transient)
 
 
-def checkpoint_bytes(p: Preset, vocab_size: int) -> int:
+def checkpoint_bytes(p: Architecture, vocab_size: int) -> int:
     """One DCP checkpoint: fp32 weights and AdamW's two fp32 moments (step counters are negligible)."""
     return (MASTER_BYTES + ADAM_BYTES) * p.parameters(vocab_size)

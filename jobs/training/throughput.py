@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .communication import recomputed_layers, step_traffic
-from .presets import Preset
+from .architecture import Architecture
 
 # Bus bandwidth NCCL's ring all-gather/reduce-scatter reach, as a share of the link rate: nccl-tests on
 # 8 x H100 report ~360-480 GB/s of bus bandwidth on 450 GB/s links (the higher with NVLink SHARP).
@@ -46,7 +46,7 @@ class StepEstimate:
         return self.compute_s + self.tensor_parallel_s + self.exposed_data_parallel_s
 
 
-def estimate_mfu(preset: Preset, train, *, vocab: int, seq_len: int, gpus: int, gpus_per_node: int,
+def estimate_mfu(preset: Architecture, train, *, vocab: int, seq_len: int, gpus: int, gpus_per_node: int,
                  peak_tflops: float, node_link_gb_s: float, network_gb_s: float, compute_mfu: float) -> StepEstimate:
     """One step of ``train`` (a training config's ``train`` section) on ``gpus``: where the time goes, and its MFU.
 

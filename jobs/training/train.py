@@ -26,14 +26,15 @@ from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from . import distributed, replicas, stragglers
+from . import distributed, hf_weights, replicas, stragglers
 from .checkpoint import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
 from .determinism import set_determinism
 from .evaluate import Evaluator
 from .metrics import Metrics
-from .models import build_model, compute_loss, count_parameters, flops_per_token, init_weights, llama_config
+from .models import build_model, compute_loss, count_parameters, flops_per_token, init_weights, hf_config
 from .optim import build_optimizer, lr_at, set_lr
+from .presets import resolve
 from .signals import StopRequest
 from .watchdog import ProgressWatchdog
 
@@ -92,9 +93,10 @@ class Trainer:
         set_determinism(cfg.train.deterministic)  # before the first matmul: cuBLAS reads its setting then
         keep_compile_cache(cfg.checkpoint.dir)
         meta = read_dataset_meta(cfg.data.path)
-        vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
+        self.arch = resolve(cfg.model.preset)
+        vocab_size = self.arch.vocab or cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
         check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size)
-        model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
+        model_config = hf_config(self.arch, vocab_size, cfg.data.seq_len)
         total_params, _ = count_parameters(model_config)
         log.info("model %s: %.3gM parameters, vocab %d, %s x tensor parallel %d over %d ranks on %s", cfg.model.preset,
                  total_params / 1e6, vocab_size, cfg.train.parallelism, cfg.train.tensor_parallel, d.world_size, d.device)
@@ -116,7 +118,10 @@ class Trainer:
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity, replicate_group=replicate_group)
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
+            fresh = self.ckpt.latest_step() < 0 and not self.ckpt.steps()
             self.step = self._resume()
+            if fresh and cfg.model.init_from:
+                self.start_from_released_weights()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
         hosts = distributed.hostnames(d)
         self.rank_timing = stragglers.RankTiming(d, hosts, margin=cfg.train.straggler_margin,
@@ -260,6 +265,14 @@ class Trainer:
                 rng["cuda"] = torch.cuda.get_rng_state(self.d.device)
             state[f"rank{r}"] = {"rng": rng, "loader": self.loader.state_dict()}
         return state
+
+    def start_from_released_weights(self) -> None:
+        """Overwrite the initialized weights with a Hugging Face checkpoint's, then save them as step 0, which
+        records where they came from: from here on a restart is the ordinary resume, and never reads them again."""
+        cfg = self.cfg
+        source = hf_weights.load(self.model, cfg.model.init_from, self.arch, cfg.model.preset)
+        log.info("weights from %s: this rank read %.3g GB", cfg.model.init_from, source["bytes_read_by_rank"] / 1e9)
+        self.ckpt.save(0, self.app_state(), wait=True, meta={"init_from": source})
 
     def _resume(self) -> int:
         """Load the newest loadable checkpoint; the step to continue from (0: no checkpoint).

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from training.config import ConfigError, load_config
-from training.models import PRESETS, count_parameters, llama_config
+from training.models import count_parameters, hf_config
+from training.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "jobs/training/configs"
@@ -34,7 +35,7 @@ def test_file_then_overrides_and_per_model_directories():
     (["train.steps=many"], "train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
     (["train.steps=true"], "train.steps: expected a number, got a boolean"),
     (["train.parallelism=zero3"], "train.parallelism: Input should be 'ddp', 'fsdp' or 'hsdp' (got 'zero3')"),
-    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose one of tiny, small, 1.7b"),
+    (["model.preset=gpt5"], "model.preset: unknown preset 'gpt5'; choose a shorthand (tiny, small, 1.7b"),
     (["train.micro_batch_size=5"], "train.global_batch_size 32 is not a multiple of train.micro_batch_size 5"),
     (["optim.min_lr=1.0"], "optim.min_lr 1.0 is above optim.lr"),
     (["checkpoint.keep=0"], "checkpoint.keep: Input should be greater than 0 (got 0)"),
@@ -68,13 +69,13 @@ def test_unset_environment_variable_in_a_path_is_refused(monkeypatch):
 
 
 def test_presets_have_the_published_shapes():
-    sizes = {name: count_parameters(llama_config(name, 32000, 4096))[0] / 1e9 for name in PRESETS}
+    sizes = {name: count_parameters(hf_config(name, 32000, 4096))[0] / 1e9 for name in PRESETS}
     assert sizes["llama2-7b"] == pytest.approx(6.74, abs=0.01)
     assert sizes["llama2-13b"] == pytest.approx(13.0, abs=0.05)
     assert sizes["llama2-70b"] == pytest.approx(69.0, abs=0.1)
-    assert llama_config("llama2-70b", 32000, 4096).num_key_value_heads == 8
+    assert hf_config("llama2-70b", 32000, 4096).num_key_value_heads == 8
     for name, (layers, hidden, heads) in {"1.7b": (24, 2304, 24), "310.1b": (96, 16384, 128)}.items():
-        c = llama_config(name, 32000, 4096)
+        c = hf_config(name, 32000, 4096)
         assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (layers, hidden, heads)
     # The seed's names grow with the shapes (the exact count depends on the vocabulary).
     ordered = ["1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b", "310.1b"]

@@ -19,7 +19,7 @@ from cluster_config.model_jobs import bundled_cluster
 from training import distributed
 from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes, dry_run, fake_dist, load_model_config, main, measure_cpu,
                               production_setup)
-from training.models import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, llama_config
+from training.models import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, hf_config
 from training.train import build
 
 CONFIGS = Path(__file__).resolve().parents[2] / "jobs/training/configs"  # the recipes
@@ -58,7 +58,7 @@ def test_production_estimates_agree_with_the_analytic_model(production_reports):
     for model in ("model1", "model3", "model5"):
         report = production_reports[model]
         cfg = load_model_config(production_setup(model, bundled_cluster("prod"))[0])
-        model_config = llama_config(cfg.model.preset, DEFAULT_VOCAB, cfg.data.seq_len)
+        model_config = hf_config(cfg.model.preset, DEFAULT_VOCAB, cfg.data.seq_len)
         params, _ = count_parameters(model_config)
         shards = cfg.train.hsdp_shard_size
         assert report.categories["optimizer"] == pytest.approx(8 * params / shards, rel=0.02), model
@@ -85,7 +85,7 @@ def test_deferred_gradient_reduction_holds_unsharded_fp32_gradients():
     base = ["train.parallelism=fsdp", *SMALL, "train.global_batch_size=64"]
     every = dry_run(load_model_config(CONFIGS / "tiny.yaml", base), 8)
     last = dry_run(load_model_config(CONFIGS / "tiny.yaml", [*base, "train.grad_reduce=last_micro_batch"]), 8)
-    params, _ = count_parameters(llama_config("small", DEFAULT_VOCAB, 512))
+    params, _ = count_parameters(hf_config("small", DEFAULT_VOCAB, 512))
     # The tracker files the unsharded gradients under temporaries (made in backward); the peaks differ by them.
     assert last.peak_bytes - every.peak_bytes >= 4 * params * 0.95
     assert last.grad_sync == "last micro-batch" and every.grad_sync == "every micro-batch"
@@ -101,7 +101,7 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
     d = fake_dist(16)
     try:
         mesh = distributed.device_mesh(d, cfg.train)
-        model_config = llama_config("small", DEFAULT_VOCAB, 128)
+        model_config = hf_config("small", DEFAULT_VOCAB, 128)
         model, optimizer = build(cfg, model_config, d, mesh, mixed_precision=True,
                                  allocating=FakeTensorMode(allow_non_fake_inputs=True))
         q = model.model.layers[0].self_attn.q_proj.weight
@@ -120,7 +120,7 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
 
 
 def test_residual_projections_get_a_depth_scaled_init():
-    model_config = llama_config("small", 512, 64)
+    model_config = hf_config("small", 512, 64)
     from training.models import build_model
 
     model = build_model(model_config)

@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from data_pipeline.shards import read_dataset_meta
 from data_pipeline.tokenizer import load_tokenizer
 from training.export_hf import ExportError, export, find_checkpoint, main
-from training.models import build_model, init_weights, llama_config
+from training.models import build_model, init_weights, hf_config
 
 from conftest import REPO, Run
 
@@ -45,7 +45,7 @@ def reference_model(checkpoint) -> torch.nn.Module:
     dcp_to_torch_save(checkpoint, converted)
     weights = torch.load(converted, weights_only=True)["model"]
     meta_vocab = weights["model.embed_tokens.weight"].shape[0]
-    config = llama_config("tiny", meta_vocab, 128)
+    config = hf_config("tiny", meta_vocab, 128)
     model = build_model(config).to_empty(device="cpu")
     model.load_state_dict(weights, strict=True)
     model.model.rotary_emb = LlamaRotaryEmbedding(config)

@@ -17,7 +17,7 @@ from training import distributed, train, watchdog
 from training.config import ConfigError
 from training.dry_run import _attention_workspace, load_model_config
 from training.metrics import Metrics, memory_gib
-from training.models import llama_config
+from training.models import hf_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,14 +71,14 @@ def test_async_tp_turns_on_the_compiler_pass_and_symmetric_memory_for_the_tp_gro
         from torch.distributed import _symmetric_memory as symm_mem
         from training import distributed
         from training.dry_run import fake_dist, load_model_config
-        from training.models import build_model, llama_config
+        from training.models import build_model, hf_config
         cfg = load_model_config({}, ["model.preset=small", "data.seq_len=64", "train.tensor_parallel=2",
                                      "train.async_tp=true", "train.compile=true"])
         d = fake_dist(8)
         mesh = distributed.device_mesh(d, cfg.train)
         tp_group = mesh["tp"].get_group().group_name
         before = symm_mem.is_symm_mem_enabled_for_group(tp_group), torch._inductor.config._micro_pipeline_tp
-        distributed.parallelize(build_model(llama_config("small", 256, 64)), cfg.train, d, mesh)
+        distributed.parallelize(build_model(hf_config("small", 256, 64)), cfg.train, d, mesh)
         after = symm_mem.is_symm_mem_enabled_for_group(tp_group), torch._inductor.config._micro_pipeline_tp
         other = symm_mem.is_symm_mem_enabled_for_group(mesh["dp_shard"].get_group().group_name)
         print(before, after, other)
@@ -185,7 +185,7 @@ def test_attention_workspace_holds_this_ranks_heads_only():
     def workspace(tp: int) -> int:
         cfg = load_model_config({}, ["model.preset=llama2-70b", "data.seq_len=4096", "train.micro_batch_size=4",
                                      f"train.tensor_parallel={tp}"])
-        return _attention_workspace(llama_config("llama2-70b", 32000, 4096), cfg)
+        return _attention_workspace(hf_config("llama2-70b", 32000, 4096), cfg)
 
     assert workspace(1) == 4 * 4096 * 8192 * 4  # fp32 query gradient of every head: 0.5 GiB
     assert workspace(8) == workspace(1) // 8  # tensor parallel splits the heads

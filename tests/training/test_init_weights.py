@@ -24,7 +24,7 @@ from transformers import LlamaConfig
 
 from training import distributed
 from training.dry_run import fake_dist, load_model_config
-from training.models import build_model, canonical_name, init_weights, llama_config, param_seed
+from training.models import build_model, canonical_name, init_weights, hf_config, param_seed
 
 # Even heads for RoPE, uneven everything else: q 18 rows, k/v 6 (one KV head), gate/up 11, vocab 7.
 ODD = dict(vocab_size=7, hidden_size=18, intermediate_size=11, num_hidden_layers=2, num_attention_heads=3,
@@ -148,7 +148,7 @@ def test_the_70b_layout_old_gpu_path_repeated_values_and_the_new_one_cannot(monk
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
     cfg = load_model_config(CONFIG, ["train.parallelism=fsdp", "train.tensor_parallel=8", "model.preset=llama2-70b"])
-    model_config = llama_config("llama2-70b", 32000, 4096)
+    model_config = hf_config("llama2-70b", 32000, 4096)
     all_names = [name for name, p in build_model(model_config).named_parameters() if p.dim() == 2]
     assert len({param_seed(0, name) for name in all_names}) == len(all_names) == 562
     model_config.num_hidden_layers = 2

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from conftest import SHORT, Run
 
-from training.models import build_model, init_weights, llama_config
+from training.models import build_model, init_weights, hf_config
 from training.replicas import parameter_sums
 
 SDC_FAULT = Path(__file__).with_name("sdc_fault.py")
@@ -24,7 +24,7 @@ def fault(rank: int, after: int) -> tuple[str, ...]:
 
 
 def test_equal_copies_sum_equal_and_one_flipped_bit_changes_its_parameter_only():
-    config = llama_config("tiny", 512, 128)
+    config = hf_config("tiny", 512, 128)
     model = build_model(config)
     init_weights(model, config, torch.device("cpu"), 0)
     names, before = parameter_sums(model)

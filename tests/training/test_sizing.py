@@ -9,27 +9,28 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from training.models import build_model, count_parameters, init_weights, llama_config
+from training.models import build_model, count_parameters, init_weights, hf_config
 from training.optim import build_optimizer
 from training.config import OptimConfig
-from training.presets import PRESETS, Preset
+from training.architecture import Architecture
+from training.presets import PRESETS
 from training.sizing import RunShape, activation_bytes, checkpoint_bytes
 
-SMALL = Preset(layers=4, hidden=128, heads=4, kv_heads=2, ffn=352)  # several layers, grouped-query attention
+SMALL = Architecture(layers=4, hidden=128, heads=4, kv_heads=2, ffn=352)  # several layers, grouped-query attention
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_parameter_count_matches_the_built_model(name):
-    config = llama_config(name, 32000, 4096)
+    config = hf_config(name, 32000, 4096)
     model = build_model(config)  # meta device: shapes only
     assert PRESETS[name].parameters(32000) == sum(p.numel() for p in model.parameters()) == count_parameters(config)[0]
 
 
-def saved_activation_bytes(preset: Preset, vocab: int, seq_len: int, micro: int, checkpointing: bool) -> int:
+def saved_activation_bytes(preset: Architecture, vocab: int, seq_len: int, micro: int, checkpointing: bool) -> int:
     """Bytes autograd really keeps for backward in one CPU training forward (unique storages, no weights)."""
     PRESETS["_measured"] = preset
     try:
-        config = llama_config("_measured", vocab, seq_len)
+        config = hf_config("_measured", vocab, seq_len)
     finally:
         del PRESETS["_measured"]
     model = build_model(config)
@@ -67,7 +68,7 @@ def test_activation_estimate_is_within_10_percent_of_what_autograd_saves(preset,
 
 
 def test_checkpoint_size_matches_a_real_dcp_save(tmp_path):
-    config = llama_config("tiny", 8192, 128)  # big enough that DCP's ~2 KB per tensor of headers is small
+    config = hf_config("tiny", 8192, 128)  # big enough that DCP's ~2 KB per tensor of headers is small
     model = build_model(config)
     init_weights(model, config, torch.device("cpu"), seed=0)
     optimizer = build_optimizer(model, OptimConfig())
