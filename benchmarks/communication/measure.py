@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from training import distributed
 from training.communication import Traffic
 from training.dry_run import fake_dist
-from training.models import compute_loss, llama_config
+from training.models import compute_loss, hf_config
 from training.train import build
 
 _C10D = {  # process-group ops (FSDP2, DDP, torch.distributed calls)
@@ -164,7 +164,7 @@ def measure(cfg, world_size: int, *, layers: int, vocab_size: int) -> dict[str, 
     accumulation = cfg.grad_accum_steps(world_size)
     d = fake_dist(world_size)
     try:
-        model_config = llama_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
+        model_config = hf_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
         model_config.num_hidden_layers = layers
         mesh = distributed.device_mesh(d, cfg.train)  # outside fake mode, as the dry run
         dims = {dist.group.WORLD.group_name: "world"}

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from cli import ArgumentParser  # noqa: E402
 from training.export_hf import weight_shapes  # noqa: E402
-from training.models import llama_config  # noqa: E402
+from training.models import hf_config  # noqa: E402
 
 PRESET, SEQ_LEN = "small", 128
 TARGET = ("llama2-70b", 32000)  # Llama 2's tokenizer
@@ -38,7 +38,7 @@ MEASURE = """
 import json, sys
 from pathlib import Path
 from training.export_hf import write_weights
-from training.models import llama_config
+from training.models import hf_config
 
 def status(field):
     line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
@@ -46,19 +46,19 @@ def status(field):
 
 open("/proc/self/clear_refs", "w").write("5")  # the peak from here on, not the imports'
 before = status("VmRSS")
-write_weights(Path(sys.argv[1]), Path(sys.argv[2]), llama_config(sys.argv[3], int(sys.argv[4]), 128))
+write_weights(Path(sys.argv[1]), Path(sys.argv[2]), hf_config(sys.argv[3], int(sys.argv[4]), 128))
 print(json.dumps({"before": before, "peak": status("VmHWM")}))
 """
 
 
 def sizes(preset: str, vocab: int) -> tuple[int, int]:
     """(largest tensor, whole model) in bytes, fp32 as training saves them; shapes on the meta device."""
-    numels = [shape.numel() for shape in weight_shapes(llama_config(preset, vocab, SEQ_LEN)).values()]
+    numels = [shape.numel() for shape in weight_shapes(hf_config(preset, vocab, SEQ_LEN)).values()]
     return max(numels) * 4, sum(numels) * 4
 
 
 def measure(vocab: int, work: Path) -> dict:
-    config = llama_config(PRESET, vocab, SEQ_LEN)
+    config = hf_config(PRESET, vocab, SEQ_LEN)
     checkpoint, out = work / f"ckpt_{vocab}", work / f"hf_{vocab}"
     out.mkdir()
     state = {name: torch.randn(shape) for name, shape in weight_shapes(config).items()}

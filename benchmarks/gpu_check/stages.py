@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from training import distributed
 from training.config import load_config, read_config_file
-from training.models import flops_per_token, llama_config
+from training.models import flops_per_token, hf_config
 
 GIB = 2**30
 REPO = Path(__file__).resolve().parents[2]
@@ -185,7 +185,7 @@ def attention_kernels(args: dict, gpu: bool, d, r: dict, why: dict) -> None:
     dtype = torch.bfloat16 if gpu else torch.float32
     out = []
     for shape in args["attention_shapes"]:
-        config = llama_config(shape["preset"], 32000, shape["seq_len"])
+        config = hf_config(shape["preset"], 32000, shape["seq_len"])
         config.num_hidden_layers = 1
         with torch.device(device):
             attention = LlamaAttention(config, layer_idx=0).to(dtype)
@@ -356,7 +356,7 @@ def layout_rank0(args: dict) -> dict:
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if gpu else 141.0
     rows = []
     for layers in args["layers"]:
-        model_config = llama_config(cfg.model.preset, vocab, cfg.data.seq_len)
+        model_config = hf_config(cfg.model.preset, vocab, cfg.data.seq_len)
         model_config.num_hidden_layers = layers
         row = {"layers": layers}
         try:

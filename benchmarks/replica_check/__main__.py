@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from cli import ArgumentParser  # noqa: E402
 from cluster_config.model_jobs import bundled_cluster  # noqa: E402
 from training.dry_run import load_model_config, production_setup  # noqa: E402
-from training.models import build_model, count_parameters, flops_per_token, llama_config  # noqa: E402
+from training.models import build_model, count_parameters, flops_per_token, hf_config  # noqa: E402
 from training.replicas import parameter_sums  # noqa: E402
 
 TARGET = 0.005  # of step time
@@ -39,7 +39,7 @@ class Tensors(torch.nn.Module):
 
     def __init__(self, gib: float, device: torch.device):
         super().__init__()
-        shapes = [tuple(p.shape) for p in build_model(llama_config("llama2-7b", 32000, 4096)).parameters()]
+        shapes = [tuple(p.shape) for p in build_model(hf_config("llama2-7b", 32000, 4096)).parameters()]
         budget, self.tensors = gib * 2**30, torch.nn.ParameterList()
         for shape in shapes * 4:
             numel = 1
@@ -73,7 +73,7 @@ def replicated_models(every: int | None) -> list[dict]:
         cfg = load_model_config(raw)
         if cfg.train.parallelism not in ("ddp", "hsdp"):
             continue
-        config = llama_config(cfg.model.preset, cfg.model.vocab_size or 32000, cfg.data.seq_len)
+        config = hf_config(cfg.model.preset, cfg.model.vocab_size or 32000, cfg.data.seq_len)
         params, _ = count_parameters(config)
         shards = cfg.train.hsdp_shard_size if cfg.train.parallelism == "hsdp" else 1
         step_flops = flops_per_token(config, cfg.data.seq_len) * cfg.train.global_batch_size * cfg.data.seq_len

@@ -229,10 +229,14 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # torchtitan's units: the embedding, each layer, the final norm with the output projection (needed
     # again at once by backward: not resharded after forward), then the root for what is left.
-    fully_shard(model.model.embed_tokens, **kwargs)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight  # Llama 3.2 1B/3B: one table, two uses
+    if not tied:
+        fully_shard(model.model.embed_tokens, **kwargs)
     for layer in layers:
         fully_shard(layer, **kwargs)
-    fully_shard([model.model.norm, model.lm_head], **kwargs, reshard_after_forward=False)
+    # A tied table is one parameter: one unit holds it for both uses, kept gathered from the embedding to the head.
+    head = [model.model.embed_tokens] if tied else []
+    fully_shard(head + [model.model.norm, model.lm_head], **kwargs, reshard_after_forward=False)
     fully_shard(model, **kwargs)
     return model
 

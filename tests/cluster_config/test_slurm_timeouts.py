@@ -13,14 +13,14 @@ from cluster_config.pcluster_schema import DEFAULT_TARGET
 from cluster_config.render import ClusterResources, render_cluster_config
 from cluster_config.settings import load_settings
 from cluster_config.slurm_timeouts import kill_wait_seconds, save_seconds, usr1_lead_seconds
-from training.models import count_parameters, llama_config
+from training.models import count_parameters, hf_config
 
 
 def test_prod_kill_wait_and_usr1_lead_hold_two_saves_of_all_seven_models_at_once_and_a_step():
     settings = load_settings("prod")
     # Two 7B, two 13B, two 18.4B and the 70B, x 12 bytes, over 7200 GiB x 1000 MB/s/TiB of checkpoint FSx:
     # at a Capacity Block's end every job's limit ends at the same moment, so all save together.
-    params = sum(count_parameters(llama_config(m.preset, settings.plan.vocab_size, 4096))[0] for m in settings.models)
+    params = sum(count_parameters(hf_config(m.preset, settings.plan.vocab_size, 4096))[0] for m in settings.models)
     one_round = params * 12 / (7200 / 1024 * 1000 * 1e6)
     assert save_seconds(settings) == pytest.approx(one_round)
     assert one_round == pytest.approx(248.3, abs=0.5)  # the 70B alone: 117.7 s
