@@ -105,8 +105,9 @@ def from_hf_config(raw: dict, where: str = "config.json") -> Architecture:
                            "attention here is full causal; set it to null (it changes nothing when data.seq_len "
                            "is at most the window)"),
         "use_sliding_window": (bool(raw.get("use_sliding_window")), "attention here is full causal; set it to false"),
-        "num_experts": (bool(raw.get("num_experts") or raw.get("num_local_experts")),
-                        "mixture-of-experts layers are not in the parallel plan"),
+        "num_experts": (bool(raw.get("num_experts")), "mixture-of-experts layers are not in the parallel plan"),
+        "num_local_experts": (bool(raw.get("num_local_experts")),
+                              "mixture-of-experts layers are not in the parallel plan"),
     }
     for key, (refused, why) in refusals.items():
         if refused:
@@ -129,11 +130,14 @@ def from_hf_config(raw: dict, where: str = "config.json") -> Architecture:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), max_positions=int(raw.get("max_position_embeddings", 0)))
     except KeyError as missing:
         raise ArchitectureError(f"{where}: {missing.args[0]} is missing; a {family} config.json names it") from None
-    if arch.head_dim == arch.hidden // heads and arch.hidden % heads == 0:
-        arch = replace(arch, head_dim=0)  # the default, spelled out: one architecture, one spelling
     if heads % arch.kv_heads:
         raise ArchitectureError(f"{where}: num_key_value_heads {arch.kv_heads} does not divide "
                                 f"num_attention_heads {heads}")
+    # Defaults spelled out (head_dim = hidden / heads, as many key/value heads as heads): one architecture, one spelling.
+    if arch.head_dim == arch.hidden // heads and arch.hidden % heads == 0:
+        arch = replace(arch, head_dim=0)
+    if arch.kv_heads == heads:
+        arch = replace(arch, kv_heads=0)
     return arch
 
 
