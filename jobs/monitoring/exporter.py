@@ -71,6 +71,8 @@ METRICS = {
     "llm_training_failed": ("gauge", "1 when started, not complete, and no job running or pending."),
     "llm_training_eta_timestamp_seconds": ("gauge", "now + (total - step) x step time."),
     "llm_training_deadline_timestamp_seconds": ("gauge", "First launch + the plan's deadline_days."),
+    "llm_training_slowest_rank_excess_ratio": ("gauge", "Last interval: the slowest rank's probe over its peers' median, minus 1."),
+    "llm_training_straggler": ("gauge", "A reported straggler still slowest and over its margin: its excess (labels rank, node)."),
     "llm_slurmctld_up": ("gauge", "1 if scontrol ping says the controller is UP."),
     "llm_slurmdbd_up": ("gauge", "1 if sacctmgr show cluster answers."),
     "llm_slurm_nodes": ("gauge", "Nodes per base state."),
@@ -134,6 +136,7 @@ class RunLog:
         self.recent: deque[bytes] = deque(maxlen=RECENT)  # training records, the newest last
         self.finite: deque[float] = deque(maxlen=BASELINE)  # finite losses logged before the newest
         self.eval: bytes | None = None
+        self.straggler: dict | None = None  # the newest straggler event of the current run
 
     def update(self) -> None:
         lines, again = self.tail.read()
@@ -162,8 +165,10 @@ class RunLog:
         if not record:
             return
         kind, when = record.get("event"), record.get("time")
+        if kind == "straggler":
+            self.straggler = record
         if kind in ("launch", "start"):
-            self.started, self.ending = True, None
+            self.started, self.ending, self.straggler = True, None, None
             if when is not None:
                 self.first_start = when if self.first_start is None else min(self.first_start, when)
                 self.last_start = max(self.last_start, when)
@@ -349,6 +354,14 @@ class Exporter:
             add("llm_training_mfu_ratio", last["mfu_pct"] / 100, model=name)
         if step_s is not None:
             add("llm_training_step_seconds", step_s, model=name)
+        if "slowest_excess_pct" in last:
+            add("llm_training_slowest_rank_excess_ratio", last["slowest_excess_pct"] / 100, model=name)
+            # The trainer reports a straggler once, after train.straggler_intervals slow intervals; it stays
+            # one while the same rank is still the slowest and over the margin the trainer judged it by.
+            if (s := run.straggler) and last.get("slowest_rank") == s.get("rank") and \
+                    last["slowest_excess_pct"] > s.get("margin_pct", 0):
+                add("llm_training_straggler", last["slowest_excess_pct"] / 100, model=name,
+                    rank=str(s["rank"]), node=str(s.get("node", "")))
         add("llm_training_last_step_timestamp_seconds", last.get("time", 0), model=name)
         add("llm_training_last_progress_timestamp_seconds", max(last.get("time", 0), run.last_start), model=name)
         if cluster:

@@ -200,7 +200,8 @@ class Trainer:
         if self.d.is_main:
             log.warning("%s", message)
         self.metrics.event(kind="straggler", step=self.step, rank=ranks.slowest_rank, node=ranks.slowest_host,
-                           excess_pct=round(100 * ranks.excess, 1), intervals=ranks.intervals_over)
+                           excess_pct=round(100 * ranks.excess, 1), intervals=ranks.intervals_over,
+                           margin_pct=100 * self.cfg.train.straggler_margin)
 
     def check_replicas(self) -> None:
         """The sentinel's check on every rank; all ranks stop together if any group's copies disagree."""

@@ -69,14 +69,16 @@ def launch(log_dir: Path, job: str, t: float, step: int = 0) -> None:
 
 
 def train(log_dir: Path, steps: range, t_end: float, *, step_time: float = 1.0, loss=lambda step: 5.0 - step / 1000,
-          mfu: bool = False, times: list[float] = ()) -> None:
-    """A record every ``steps.step`` steps, the last one at ``t_end``, like training/metrics.py emits."""
+          mfu: bool = False, times: list[float] = (), slowest: tuple[int, float] = (0, 2.0)) -> None:
+    """A record every ``steps.step`` steps, the last one at ``t_end``, like training/metrics.py emits;
+    ``slowest``: the rank timing's slowest rank and its excess in percent."""
     records = []
     for i, step in enumerate(steps):
         t = times[i - len(steps)] if i >= len(steps) - len(times) else step_time
         record = {"step": step, "loss": loss(step), "lr": 3e-4, "grad_norm": 1.0, "tokens_per_s": 65536 / t,
                   "tokens_per_s_per_device": 4096 / t, "step_time_s": t, "data_wait_pct": 1.0,
                   "checkpoint_block_s": 0.0, "memory_gib": 60.0, "samples_crc": 12345,
+                  "slowest_rank": slowest[0], "slowest_excess_pct": slowest[1],
                   "time": t_end - (len(steps) - 1 - i) * steps.step * step_time}
         if mfu:
             record["mfu_pct"] = 41.5
@@ -162,7 +164,10 @@ def site(tmp_path_factory) -> Path:
     # model2: running, but its last step was logged an hour ago (and its job restarted since).
     m2 = logs / "model2"
     launch(m2, "102", NOW - 3 * HOUR)
-    train(m2, range(10, 110, 10), NOW - HOUR, step_time=2.0)
+    # ... and its rank 5 was reported as a straggler (31 % over a 10 % margin), still the slowest since.
+    append(m2, {"event": "straggler", "time": NOW - 2 * HOUR, "step": 50, "rank": 5, "node": "gpu-st-p5e-2",
+                "excess_pct": 31.0, "intervals": 5, "margin_pct": 10.0})
+    train(m2, range(10, 110, 10), NOW - HOUR, step_time=2.0, slowest=(5, 31.0))
     logged_config(m2, "102", steps=500, every=50)
     checkpoint(ckpts / "model2", 100, 500)  # 1,150 bytes
 
@@ -410,6 +415,33 @@ def test_no_slurm_at_all(site, tmp_path, monkeypatch, capsys):
     assert value(samples, "llm_slurmctld_up") == value(samples, "llm_slurmdbd_up") == 0
     assert value(samples, "llm_training_step", model="model1") == 200
     assert capsys.readouterr().err == "scontrol ping: No such file or directory\nsacctmgr: No such file or directory\n"
+
+
+def test_a_straggler_is_exported_with_its_node_while_it_stays_the_slowest_over_its_margin(scraped, site, tmp_path,
+                                                                                          monkeypatch):
+    samples, _, _ = scraped
+    assert value(samples, "llm_training_slowest_rank_excess_ratio", model="model1") == pytest.approx(0.02)
+    assert value(samples, "llm_training_straggler", model="model2", rank="5", node="gpu-st-p5e-2") == \
+        pytest.approx(0.31)
+    assert [dict(labels)["model"] for labels in family(samples, "llm_training_straggler")] == ["model2"]
+    monkeypatch.setenv("PATH", f"{stand_ins(tmp_path / 'bin')}:{os.environ['PATH']}")
+    copy = tmp_path / "site"
+    shutil.copytree(site, copy, symlinks=True)
+    e, log = _exporter(copy), copy / "fsx/logs/model2"
+
+    def straggler() -> dict:
+        return family(parse(exporter.render(e.collect())), "llm_training_straggler")
+
+    assert straggler()
+    train(log, range(110, 111), NOW, slowest=(5, 8.0))  # the same rank, now under its 10 % margin
+    assert not straggler()
+    train(log, range(120, 121), NOW, slowest=(5, 25.0))  # slow again: still the reported straggler
+    assert straggler()
+    train(log, range(130, 131), NOW, slowest=(3, 25.0))  # another rank is the slowest: not yet reported
+    assert not straggler()
+    train(log, range(140, 141), NOW, slowest=(5, 25.0))
+    launch(log, "103", NOW)  # a new run (on other nodes, after a drain) starts with no straggler
+    assert not straggler()
 
 
 def test_logs_are_read_incrementally_and_a_half_written_line_waits(site, tmp_path, monkeypatch):
