@@ -23,6 +23,13 @@ The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the so
   p95          the 95th percentile of the days: the failure count's 95th percentile (Poisson with the
                expected count as mean) times ``L`` on top of the failure-free days.
 
+Stragglers (``Stragglers``, ``stragglers(goodput, settings, detect_s=...)``): a node slow but alive slows its whole
+model by its own excess ``x`` (a synchronous step waits for the slowest rank); a model of ``n`` nodes meets
+``σ n`` of them a day (``σ = goodput.stragglers_per_1000_node_days / 1000``). One costs ``t x / (1 + x)`` of
+progress while it stays for ``t``: unattended, until a person acts (``goodput.straggler_unattended_h``, at
+most half the run on average); evicted, the trainer's detection window (``train.straggler_intervals`` log
+intervals) plus the eviction (a save, the recovery, and the replacement wait when no spare is free).
+
 ``goodput(row, settings)`` gives one model's ``Goodput`` (inputs and results) from its plan row;
 ``build_plan(settings).rows[i].goodput`` holds the same for every model. A simulation of the cluster
 compares its measured failures, lost GPU-hours, ETTR and days with these.
@@ -178,3 +185,43 @@ def goodput(row: Run, settings: Settings) -> Goodput:
         replacement_s=assume.node_replacement_min * 60,
         p_no_spare=p_no_spare(mean_nodes_down(settings), settings.gpu_queue.spare_nodes),
     )
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """One model's slow nodes and what they cost, unattended and evicted by the trainer."""
+
+    name: str
+    gpus: int
+    days: float  # the model's days with its failures (Goodput.days): the time stragglers can arrive in
+    per_day: float  # σ x nodes
+    slowdown: float  # x: a slow node's step-time excess
+    unattended_s: float  # without eviction: until a person acts, at most half the run on average
+    detect_s: float  # with eviction: straggler_intervals x log.interval x step time
+    evict_s: float  # a save, the recovery and the replacement wait when no spare is free
+
+    @property
+    def expected(self) -> float:
+        return self.per_day * self.days
+
+    def _lost_s(self, slow_s: float) -> float:
+        """Progress lost while a node ``slowdown`` slower holds the model back for ``slow_s``."""
+        return slow_s * self.slowdown / (1 + self.slowdown)
+
+    @property
+    def lost_h_unattended(self) -> float:
+        return self.expected * self._lost_s(min(self.unattended_s, self.days * DAY_S / 2)) / 3600
+
+    @property
+    def lost_h_evicted(self) -> float:
+        return self.expected * (self._lost_s(self.detect_s) + self.evict_s) / 3600
+
+
+def stragglers(good: Goodput, settings: Settings, *, detect_s: float) -> Stragglers:
+    """``good``'s model (its plan goodput) meeting slow nodes at ``settings.goodput``'s rate."""
+    assume = settings.goodput
+    return Stragglers(
+        name=good.name, gpus=good.gpus, days=good.days,
+        per_day=assume.stragglers_per_1000_node_days / 1000 * good.nodes, slowdown=assume.straggler_slowdown,
+        unattended_s=assume.straggler_unattended_h * 3600, detect_s=detect_s,
+        evict_s=good.save_s + good.recovery_s + good.replacement_wait_s)

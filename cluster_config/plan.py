@@ -44,7 +44,7 @@ from training.presets import PRESETS  # the model shapes, memory and step-time m
 from training.sizing import GIB, RunShape, checkpoint_bytes, memory
 from training.throughput import estimate_mfu
 
-from cluster_config.goodput import Goodput, goodput, mean_nodes_down, p_no_spare
+from cluster_config.goodput import Goodput, Stragglers, goodput, mean_nodes_down, p_no_spare, stragglers
 from cluster_config.hardware import Gpu, gpu_of
 from cluster_config.model_configs import model_config
 from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
@@ -116,6 +116,7 @@ class ModelRow:
     save_s: float = 0.0
     checkpoint_every_h: float = 0.0  # every checkpoint.every steps, or sooner after checkpoint.every_minutes
     goodput: Goodput | None = None  # failures and what they cost; None without GPU figures (no days)
+    stragglers: Stragglers | None = None  # slow nodes and what they cost, unattended and evicted
 
     @property
     def cost_to_finish_usd(self) -> float:
@@ -333,6 +334,8 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                       f"goodput.failures_per_1000_node_days and goodput.recovery_s, or save more often "
                       f"(checkpoint.every_minutes in the overrides of {where})")
         return ModelRow(**row), errors, warnings
+    # The trainer names a straggler after straggler_intervals slow log intervals (training/stragglers.py).
+    row["stragglers"] = stragglers(good, settings, detect_s=train.straggler_intervals * cfg.log.interval * row["step_s"])
     deadline = settings.plan.deadline_days
     if deadline and good.days > deadline:
         nodes_needed = math.ceil(base["nodes"] * good.days / deadline)
@@ -547,6 +550,16 @@ def _format_goodput(plan: Plan) -> list[str]:
                      f"{g.days:>5.1f} {g.days_p95:>5.1f} {g.lost_gpu_hours:>10,.0f} {g.lost_usd:>8,.0f}")
     lines.append(f"  {'total':<8} {plan.expected_failures:>5.2f} {'':>6} {'':>7} {'':>6} {plan.ettr:>7.2%} "
                  f"{plan.goodput_days:>5.1f} {'':>5} {plan.lost_gpu_hours:>10,.0f} {plan.lost_usd:>8,.0f}")
+    slow = [row.stragglers for row in plan.rows if row.stragglers]
+    if slow:
+        lines += [f"  stragglers (slow, not failed): {a.stragglers_per_1000_node_days:g} per 1,000 node-days, each making "
+                  f"its model {a.straggler_slowdown:.0%} slower; unattended for up to {a.straggler_unattended_h:g} h, "
+                  "or evicted by the trainer (train.straggler_intervals log intervals, then save, requeue, restart):",
+                  f"  {'model':<8} {'slow':>5} {'detect s':>8} {'lost h unattended':>17} {'lost h evicted':>14} "
+                  f"{'GPU-h saved':>11}"]
+        for s in slow:
+            lines.append(f"  {s.name:<8} {s.expected:>5.2f} {s.detect_s:>8.0f} {s.lost_h_unattended:>17.2f} "
+                         f"{s.lost_h_evicted:>14.2f} {(s.lost_h_unattended - s.lost_h_evicted) * s.gpus:>11,.0f}")
     start, end = a.training_start, plan.capacity_end
     if start and end:
         late = max(plan.goodputs, key=lambda g: g.days_p95)

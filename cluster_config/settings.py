@@ -556,6 +556,15 @@ class GoodputSettings(_Strict):
     # slot after several minutes of clean-up, and the new instance boots and runs the compute
     # bootstrap, which ParallelCluster fails after compute_bootstrap_timeout_s (2,100 s = 35 min).
     node_replacement_min: float = Field(25, gt=0, le=1440)
+    # Slow-but-alive nodes (a throttling GPU, a degraded link, a noisy neighbour) per 1,000 node-days.
+    # An assumption: no public fleet figure separates them from failures (MegaScale and ByteRobust evict
+    # them in-house without a rate); set it from your own `straggler` events (metrics.jsonl).
+    stragglers_per_1000_node_days: float = Field(1.0, ge=0, le=1000)
+    # How much slower a straggler makes its model's steps: 0.10, the trainer's default margin.
+    straggler_slowdown: float = Field(0.10, gt=0, le=10)
+    # Without eviction, how long a slow node stays in its job before a person acts on the TrainingStraggler
+    # warning (within the working day, nights and weekends included).
+    straggler_unattended_h: float = Field(24, gt=0, le=24 * 365)
     # When the models' jobs start, with its zone (e.g. 2027-01-04T13:30:00Z); with the Capacity
     # Blocks' end (gpu_queue.capacity_reservations[].end) a model finishing after it is flagged.
     training_start: Optional[datetime] = None

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cluster_config.goodput import Goodput, goodput, p_no_spare, poisson_quantile, young_interval_s
+from cluster_config.goodput import Goodput, Stragglers, goodput, p_no_spare, poisson_quantile, young_interval_s
 from cluster_config.plan import build_plan, spares_alternative
 from cluster_config.settings import SettingsError, load_settings
 
@@ -134,6 +134,37 @@ def test_cli_plan_refuses_more_spares_than_nodes():
     result = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--spares", "80"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "--spares 80: choose 0 to 79" in result.stderr
+
+
+def test_straggler_cost_unattended_and_evicted_by_hand():
+    # 10 nodes at 1 slow node per 1,000 node-days for 10 days: 0.1 stragglers, each 10 % slow.
+    s = Stragglers(name="m", gpus=80, days=10.0, per_day=0.01, slowdown=0.1, unattended_s=24 * 3600,
+                   detect_s=600.0, evict_s=100 + 600 + 900)
+    assert s.expected == pytest.approx(0.1)
+    # Unattended: 24 h at 1.1 x the step time do 24 / 1.1 h of work: 2.18 h lost, x 0.1 stragglers.
+    assert s.lost_h_unattended == pytest.approx(0.1 * 24 * 0.1 / 1.1)
+    # Evicted: 600 s of slow steps, then the save (100 s), recovery (600 s) and replacement wait (900 s).
+    assert s.lost_h_evicted == pytest.approx(0.1 * (600 * 0.1 / 1.1 + 1600) / 3600)
+    # A run shorter than two of its person's response times: at most half of it, on average, is slow.
+    short = Stragglers(**{**s.__dict__, "days": 0.5})
+    assert short.lost_h_unattended == pytest.approx(0.005 * 6 * 0.1 / 1.1)
+
+
+def test_prod_plan_shows_what_stragglers_cost_with_and_without_eviction(tmp_path, write_env):
+    plan = build_plan(load_settings("prod"))
+    model7 = next(row for row in plan.rows if row.name == "model7")
+    s, good = model7.stragglers, model7.goodput
+    assert s.per_day == pytest.approx(34 / 1000) and s.days == good.days
+    assert s.detect_s == pytest.approx(5 * 10 * model7.step_s)  # straggler_intervals x log.interval steps
+    assert s.evict_s == pytest.approx(good.save_s + good.recovery_s + good.replacement_wait_s)
+    assert s.lost_h_evicted < s.lost_h_unattended / 3  # eviction is worth it at production sizes
+    out = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "stragglers (slow, not failed): 1 per 1,000 node-days, each making its model 10% slower" in out
+    assert any(line.split()[:1] == ["model7"] and len(line.split()) == 6 for line in out.splitlines()
+               if "lost h" not in line)
+    none = build_plan(load_settings("prod", write_env(tmp_path, "prod", goodput__stragglers_per_1000_node_days=0)))
+    assert all(row.stragglers.lost_h_unattended == row.stragglers.lost_h_evicted == 0 for row in none.rows)
 
 
 def test_prod_plan_shows_goodput_and_fits_before_the_blocks_end():
