@@ -121,16 +121,18 @@ class ClusterResources:
             return f"{prefix}-0{digest[:16]}"
 
         placement_group = f"{settings.cluster_name}-gpu" if settings.gpu_queue.placement_group else None
+        kept = settings.storage.keep_buckets
         return cls(
             head_node_subnet_id=fake("subnet", "head-node"),
             compute_subnet_id=fake("subnet", "compute"),
             head_node_security_group_id=fake("sg", "head-node"),
             compute_security_group_id=fake("sg", "compute"),
             file_system_ids={key: fake("fs", key) for key in FILE_SYSTEM_KEYS},
-            data_bucket=f"{settings.cluster_name}-data-{settings.account}",
-            checkpoint_bucket=f"{settings.cluster_name}-checkpoints-{settings.account}",
+            # A bucket storage.keep_buckets names is adopted under its own name (stacks/storage_stack.py).
+            data_bucket=kept.data or f"{settings.cluster_name}-data-{settings.account}",
+            checkpoint_bucket=kept.checkpoints or f"{settings.cluster_name}-checkpoints-{settings.account}",
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
-            backup_bucket=f"{settings.cluster_name}-backups-{settings.account}",
+            backup_bucket=kept.backups or f"{settings.cluster_name}-backups-{settings.account}",
             data_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-data-upload",
             backup_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-backup-upload",
             session_manager_policy_arn=(

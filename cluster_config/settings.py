@@ -404,6 +404,30 @@ class FileSystemSettings(_Strict):
         return self.storage_capacity_gib / 1024 * self.throughput_per_tib
 
 
+# S3's rules for a bucket name: 3 to 63 lowercase letters, digits, dots and hyphens, starting and ending
+# with a letter or digit, no two dots in a row, not an IP address.
+BUCKET_NAME = re.compile(r"^(?!\d+\.\d+\.\d+\.\d+$)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class KeptBuckets(_Strict):
+    """Buckets a destroyed deployment kept (`cdk destroy` retains them), adopted by name instead of new
+    ones: the new file systems link to them, so a new cluster sees the old data and checkpoints.
+    Their names are the stack's outputs DataBucketName, CheckpointBucketName and BackupBucketName."""
+
+    data: Optional[str] = None
+    checkpoints: Optional[str] = None
+    backups: Optional[str] = None
+
+    @field_validator("data", "checkpoints", "backups")
+    @classmethod
+    def _bucket_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not BUCKET_NAME.match(value):
+            raise ValueError(f"{value!r} is not an S3 bucket name (3-63 lowercase letters, digits, dots and "
+                             f"hyphens); copy it from the old stack's outputs (aws cloudformation describe-stacks) "
+                             f"or `aws s3 ls`")
+        return value
+
+
 class StorageSettings(_Strict):
     # PERSISTENT_2 (default): S3 links are data repository associations. PERSISTENT_1: for regions
     # without PERSISTENT_2; the file system's own ImportPath/ExportPath/AutoImportPolicy link S3.
@@ -413,6 +437,8 @@ class StorageSettings(_Strict):
     logs: FileSystemSettings
     # What training reads per GPU per second, for the planner's throughput check.
     data_read_mb_s_per_gpu: float = Field(2.0, ge=0, le=10000)
+    # Come back to your data: after `cdk destroy`, name the kept buckets here and `cdk deploy` adopts them.
+    keep_buckets: KeptBuckets = Field(default_factory=KeptBuckets)
 
     @model_validator(mode="after")
     def _distinct_mounts(self) -> "StorageSettings":
@@ -427,6 +453,10 @@ class StorageSettings(_Strict):
                         f"hide that part of {outer}, or stay empty where {outer} mounts last; mount each file system "
                         "beside the others, e.g. /fsx/data, /fsx/checkpoints, /fsx/logs"
                     )
+        kept = [name for name in (self.keep_buckets.data, self.keep_buckets.checkpoints, self.keep_buckets.backups) if name]
+        if len(set(kept)) != len(kept):
+            raise ValueError(f"keep_buckets names one bucket twice ({kept}): data, checkpoints and backups each "
+                             f"need their own (backups must stay unreachable from the file systems' links)")
         offered = FSX_THROUGHPUTS[self.deployment_type]
         for name, fs in self.file_systems().items():
             if fs.throughput_per_tib not in offered:

@@ -54,16 +54,23 @@ class StorageStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.RETAIN,
             server_access_logs=False,
         )
+        # Each data-bearing bucket is new, or one a destroyed deployment kept (storage.keep_buckets), adopted
+        # by name: it keeps the versioning, lifecycle, encryption and logging it was created with (below);
+        # this stack gives it its policy again, which `cdk destroy` removed with the old stack.
+        kept = settings.storage.keep_buckets
+        self._kept_policies: dict[str, s3.BucketPolicy] = {}
         # Versioned: the head node and CPU nodes write (never delete) shards here, and with PERSISTENT_1 the
         # file system exports into it; a mistaken overwrite stays recoverable for 30 days.
         self.data_bucket = self._bucket(
             "DataBucket",
+            kept=kept.data,
             removal_policy=cdk.RemovalPolicy.RETAIN,
             versioned=True,
             extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30))],
         )
         self.checkpoint_bucket = self._bucket(
             "CheckpointBucket",
+            kept=kept.checkpoints,
             removal_policy=cdk.RemovalPolicy.RETAIN,
             versioned=True,
             # Deleting a checkpoint on FSx (a prune) deletes it in S3 too; the old version stays
@@ -73,6 +80,7 @@ class StorageStack(cdk.Stack):
         # Final checkpoints and run logs, written by the backup job (jobs/backup.sh), never by FSx.
         self.backup_bucket = self._bucket(
             "BackupBucket",
+            kept=kept.backups,
             removal_policy=cdk.RemovalPolicy.RETAIN,
             versioned=True,
             extra_rules=[s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(BACKUP_NONCURRENT_DAYS))],
@@ -129,8 +137,11 @@ class StorageStack(cdk.Stack):
         removal_policy: cdk.RemovalPolicy,
         server_access_logs: bool = True,
         extra_rules: list[s3.LifecycleRule] = (),
+        kept: str | None = None,
         **kwargs,
-    ) -> s3.Bucket:
+    ) -> s3.IBucket:
+        if kept:
+            return self._adopt(construct_id, kept)
         return s3.Bucket(
             self,
             construct_id,
@@ -146,9 +157,34 @@ class StorageStack(cdk.Stack):
             **kwargs,
         )
 
-    def _keep_versions_from_cluster_nodes(self, bucket: s3.Bucket) -> None:
+    def _adopt(self, construct_id: str, name: str) -> s3.IBucket:
+        """A bucket kept from a destroyed deployment, and its policy: TLS only, as every bucket here."""
+        bucket = s3.Bucket.from_bucket_name(self, construct_id, name)
+        policy = self._kept_policies[name] = s3.BucketPolicy(self, f"{construct_id}Policy", bucket=bucket)
+        policy.document.add_statements(
+            iam.PolicyStatement(
+                sid="TlsOnly",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:*"],
+                resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+                conditions={"Bool": {"aws:SecureTransport": "false"}},
+            )
+        )
+        return bucket
+
+    def _add_to_policy(self, bucket: s3.IBucket, statement: iam.PolicyStatement) -> None:
+        # An imported bucket has no policy of this stack's to add to: the adopted one gets its own (_adopt).
+        kept = self._kept_policies.get(bucket.bucket_name)
+        if kept is not None:
+            kept.document.add_statements(statement)
+        else:
+            bucket.add_to_resource_policy(statement)
+
+    def _keep_versions_from_cluster_nodes(self, bucket: s3.IBucket) -> None:
         """Deny the cluster's roles every delete and every change to the bucket's configuration."""
-        bucket.add_to_resource_policy(
+        self._add_to_policy(
+            bucket,
             iam.PolicyStatement(
                 sid="ClusterNodesKeepVersions",
                 effect=iam.Effect.DENY,
@@ -159,12 +195,13 @@ class StorageStack(cdk.Stack):
             )
         )
 
-    def _write_once_from_cluster_nodes(self, bucket: s3.Bucket) -> None:
+    def _write_once_from_cluster_nodes(self, bucket: s3.IBucket) -> None:
         """Deny the cluster's roles any object write that could replace an existing key: PutObject and
         CompleteMultipartUpload must carry If-None-Match (S3 then refuses a key that exists). The
         multipart steps before the completion cannot carry the header, so they are exempt
         (s3:ObjectCreationOperation is false for them); the completion decides whether the key is written."""
-        bucket.add_to_resource_policy(
+        self._add_to_policy(
+            bucket,
             iam.PolicyStatement(
                 sid="ClusterNodesWriteOnce",
                 effect=iam.Effect.DENY,
@@ -183,7 +220,7 @@ class StorageStack(cdk.Stack):
         return f"arn:{self.partition}:iam::{self.account}:role{PCLUSTER_ROLE_PATH}*"
 
     def _file_system(
-        self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack, repository: s3.Bucket | None
+        self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack, repository: s3.IBucket | None
     ) -> fsx.CfnFileSystem:
         # PERSISTENT_1 only: the bucket linked at the file system level. Both buckets are imported
         # (metadata listed, contents loaded on first read) and followed as they change; the export
@@ -217,7 +254,7 @@ class StorageStack(cdk.Stack):
         self,
         construct_id: str,
         file_system: fsx.CfnFileSystem,
-        bucket: s3.Bucket,
+        bucket: s3.IBucket,
         *,
         auto_import: list[str],
         auto_export: list[str] | None = None,

@@ -76,7 +76,9 @@ def links_of(app, bucket_names: dict[str, str]) -> list[Link]:
     """Every FSx link of a synthesized app's storage stack. ``bucket_names``: the storage stack's
     bucket attribute (``checkpoint_bucket``...) -> the name to use for it."""
     storage = app.stacks["storage"]
-    names = {storage.get_logical_id(getattr(storage, attr).node.default_child): name for attr, name in bucket_names.items()}
+    # An adopted bucket (storage.keep_buckets) is no resource of the stack: its links name it literally.
+    names = {storage.get_logical_id(getattr(storage, attr).node.default_child): name for attr, name in bucket_names.items()
+             if getattr(storage, attr).node.default_child is not None}
     file_systems = {storage.get_logical_id(fs): key for key, fs in storage.file_systems.items()}
     mounts = {key: PurePosixPath(fs.mount_dir) for key, fs in app.settings.storage.file_systems().items()}
     resources = app.template_json("storage")["Resources"]

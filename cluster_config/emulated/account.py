@@ -64,18 +64,26 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
         return _resolve(network.resolve(token), physical, exports)
 
     # Every bucket the config names (a field *_bucket of ClusterResources), created under the name
-    # the placeholders give it; the storage stack's bucket of the same attribute name maps to it.
+    # the placeholders give it; the storage stack's bucket of the same attribute name maps to it. A
+    # bucket storage.keep_buckets adopts must exist already (kept by an earlier deploy's destroy).
     placeholders = ClusterResources.placeholders(settings)
     buckets = {f.name: getattr(placeholders, f.name) for f in fields(ClusterResources) if f.name.endswith("_bucket")}
+    kept = {name for name in settings.storage.keep_buckets.model_dump().values() if name}
     s3 = client("s3")
+    existing = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    if missing := sorted(kept - existing):
+        raise ValueError(f"storage.keep_buckets names {', '.join(missing)}, which the account does not have; "
+                         f"name the buckets the earlier deploy kept (its outputs DataBucketName, CheckpointBucketName, "
+                         f"BackupBucketName)")
     for name in buckets.values():
-        s3.create_bucket(Bucket=name, **({} if settings.region == "us-east-1" else
-                                         {"CreateBucketConfiguration": {"LocationConstraint": settings.region}}))
+        if name not in kept:
+            s3.create_bucket(Bucket=name, **({} if settings.region == "us-east-1" else
+                                             {"CreateBucketConfiguration": {"LocationConstraint": settings.region}}))
     for script in sorted((REPO_ROOT / "node_scripts").glob("*.sh")):
         s3.put_object(Bucket=placeholders.assets_bucket, Key=NODE_SCRIPTS_PREFIX + script.name, Body=script.read_bytes())
     s3.put_object(Bucket=placeholders.assets_bucket, Key=models_key(settings), Body=models_file(settings).encode())
     storage_physical = {storage.resolve(getattr(storage, field).bucket_name)["Ref"]: name
-                        for field, name in buckets.items() if hasattr(storage, field)}
+                        for field, name in buckets.items() if hasattr(storage, field) and name not in kept}
     file_system_ids = {}
     fsx = client("fsx")
     for key, file_system in storage.file_systems.items():

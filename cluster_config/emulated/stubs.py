@@ -35,6 +35,11 @@ MOTO_GAPS = {
     "one network interface per FSx file system, in its subnet with its security groups":
         "moto creates no ENIs for FSx; ParallelCluster's ExistingFsxNetworkingValidator checks the Lustre "
         "ports through the file system's ENIs, so without them the real rule check could not run",
+    "deleting a file system removes its network interfaces; deleting a stack removes its NAT gateway (and "
+    "its interface), VPC endpoint, route tables and internet gateway":
+        "moto leaves the ENIs and cannot delete those resource types with their stack, so the network stack's "
+        "VPC could never be deleted; with them `cdk destroy` then `cdk deploy` (storage.keep_buckets) is "
+        "emulated end to end (tests/deploy/test_come_back.py)",
 }
 PCLUSTER_STUBS = {
     "Ec2Client.get_official_image_id -> an x86_64 Amazon Linux image registered in moto":
@@ -91,6 +96,45 @@ def patch_moto() -> None:
 
     fsx_models.FileSystem.__init__ = init
     fsx_models.FileSystem.to_dict = to_dict
+
+    original_delete = fsx_models.FSxBackend.delete_file_system
+
+    def delete_file_system(self, file_system_id: str, *args: Any, **kwargs: Any) -> Any:
+        file_system = self.file_systems.get(file_system_id)
+        result = original_delete(self, file_system_id, *args, **kwargs)
+        ec2 = ec2_backends[self.account_id][self.region_name]
+        for eni_id in getattr(file_system, "network_interface_ids", []):
+            ec2.enis.pop(eni_id, None)
+        return result
+
+    fsx_models.FSxBackend.delete_file_system = delete_file_system
+    from moto.ec2.models.internet_gateways import InternetGateway
+    from moto.ec2.models.nat_gateways import NatGateway
+    from moto.ec2.models.route_tables import RouteTable
+    from moto.ec2.models.vpcs import VPCEndPoint
+
+    def delete_nat_gateway(self: Any, account_id: str, region_name: str) -> None:
+        ec2 = ec2_backends[account_id][region_name]
+        ec2.delete_nat_gateway(self.id)
+        ec2.enis.pop(self._eni.id, None)
+
+    def delete_vpc_endpoint(self: Any, account_id: str, region_name: str) -> None:
+        ec2 = ec2_backends[account_id][region_name]
+        self.route_table_ids = [r for r in self.route_table_ids or [] if r in ec2.route_tables]  # in any order
+        ec2.delete_vpc_endpoints([self.id])
+        ec2.vpc_end_points.pop(self.id, None)
+
+    def delete_route_table(self: Any, account_id: str, region_name: str) -> None:
+        ec2_backends[account_id][region_name].delete_route_table(self.id)
+
+    def delete_internet_gateway(self: Any, account_id: str, region_name: str) -> None:
+        self.vpc = None  # its attachment goes with the stack too
+        ec2_backends[account_id][region_name].delete_internet_gateway(self.id)
+
+    NatGateway.delete = delete_nat_gateway
+    VPCEndPoint.delete = delete_vpc_endpoint
+    RouteTable.delete = delete_route_table
+    InternetGateway.delete = delete_internet_gateway
 
 
 def patch_pcluster(reservations: list[dict[str, Any]], placement_groups: list[dict[str, Any]], image_id: str,

@@ -1,5 +1,6 @@
 """The storage stack: secured buckets, three FSx for Lustre file systems and their S3 links."""
 
+import json
 from fnmatch import fnmatchcase
 
 import pytest
@@ -294,3 +295,59 @@ def test_persistent_1_links_buckets_through_the_file_systems_own_import_and_expo
         assert (lustre[name]["ImportPath"], lustre[name]["ExportPath"]) == (url, url)
         assert lustre[name]["AutoImportPolicy"] == "NEW_CHANGED_DELETED"
     assert lustre["logs"] == {"DeploymentType": "PERSISTENT_1", "PerUnitStorageThroughput": 200, "DataCompressionType": "LZ4"}
+
+
+KEPT = {"data": "llm-dev-databucket-kept1", "checkpoints": "llm-dev-checkpointbucket-kept2",
+        "backups": "llm-dev-backupbucket-kept3"}
+
+
+@pytest.fixture(scope="module")
+def adopted(tmp_path_factory):
+    """dev after a `cdk destroy`: storage.keep_buckets names the three kept buckets; synthesized (cdk-nag included)."""
+    from stacks.app import build_app
+    from tests.settings_files import write_env
+
+    config_dir = write_env(tmp_path_factory.mktemp("settings"), "dev", storage__keep_buckets=KEPT).parent
+    outdir = tmp_path_factory.mktemp("cdk-kept")
+    built = build_app("dev", config_dir=config_dir, outdir=str(outdir))
+    built.app.synth()
+    return built, {name: json.loads((outdir / f"{stack.artifact_id}.template.json").read_text())
+                   for name, stack in built.stacks.items()}
+
+
+def test_kept_buckets_are_adopted_by_name_linked_and_guarded_again(adopted):
+    built, templates = adopted
+    storage = templates["storage"]["Resources"]
+    # No new data-bearing bucket: only the assets and access-log buckets are created.
+    created = [r for r in storage.values() if r["Type"] == "AWS::S3::Bucket"]
+    assert len(created) == 2
+    # The new file systems link to the kept buckets: what they hold appears on /fsx/data and /fsx/checkpoints.
+    links = {r["Properties"]["DataRepositoryPath"] for r in storage.values()
+             if r["Type"] == "AWS::FSx::DataRepositoryAssociation"}
+    assert links == {f"s3://{KEPT['data']}", f"s3://{KEPT['checkpoints']}"}
+    # Each kept bucket gets its policy again: TLS only, no deletes or reconfiguration by the cluster's
+    # roles, and backups written once.
+    policies = {r["Properties"]["Bucket"]: {s.get("Sid"): s for s in r["Properties"]["PolicyDocument"]["Statement"]}
+                for r in storage.values()
+                if r["Type"] == "AWS::S3::BucketPolicy" and isinstance(r["Properties"]["Bucket"], str)}
+    for kind, name in KEPT.items():
+        statements = policies[name]
+        assert statements["TlsOnly"]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        assert statements["TlsOnly"]["Effect"] == "Deny"
+        assert "s3:Delete*" in statements["ClusterNodesKeepVersions"]["Action"]
+        assert ("ClusterNodesWriteOnce" in statements) == (kind == "backups")
+    # The head node's upload grants name the kept data and backup buckets.
+    cluster = json.dumps(templates["cluster"])
+    assert KEPT["data"] in cluster and KEPT["backups"] in cluster
+
+
+def test_a_bucket_kept_twice_or_misspelt_is_refused_at_synth(tmp_path):
+    from cluster_config.settings import SettingsError, load_settings
+    from tests.settings_files import write_env
+
+    twice = write_env(tmp_path / "a", "dev", storage__keep_buckets={"data": "llm-x", "backups": "llm-x"}).parent
+    with pytest.raises(SettingsError, match=r"keep_buckets names one bucket twice"):
+        load_settings("dev", twice)
+    upper = write_env(tmp_path / "b", "dev", storage__keep_buckets={"checkpoints": "LLM_Checkpoints"}).parent
+    with pytest.raises(SettingsError, match=r"storage.keep_buckets.checkpoints.*not an S3 bucket name"):
+        load_settings("dev", upper)
