@@ -50,6 +50,19 @@ def test_changed_or_missing_tokenizer_is_refused(tiny_data, tmp_path):
     assert any("tokenizer" in p and "changed since the dataset was made" in p for p in problems), problems
 
 
+def test_a_missing_model_tokenizer_says_how_to_fetch_a_gated_one(tiny_data, tmp_path):
+    """A Llama 3.1 model whose tokenizer was never uploaded: refused before its dataset is even made, with the
+    workstation download and the upload to the data bucket that puts it under /fsx/data/tokenizers/."""
+    missing = tmp_path / "fsx-data/tokenizers/llama3.1"
+    for data in (tmp_path / "no-dataset-yet", tiny_data):
+        problems = run_check(data, tmp_path / "ckpt", f"data.tokenizer={missing}")
+        [problem] = [p for p in problems if "data.tokenizer" in p]
+        assert f"the model's tokenizer {str(missing)!r} (data.tokenizer) does not load" in problem
+        assert ('huggingface-cli download meta-llama/Llama-3.1-8B --include "tokenizer*" --local-dir llama3.1'
+                in problem)
+        assert "s3://<data bucket>/tokenizers/llama3.1/`: it appears as /fsx/data/tokenizers/llama3.1" in problem
+
+
 def test_unwritable_checkpoint_folder_is_refused(tiny_data, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
