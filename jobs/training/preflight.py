@@ -31,6 +31,7 @@ from data_pipeline.loader import DatasetError, check_compatible, read_dataset_me
 from data_pipeline.shards import token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from training.config import MODEL_CONFIGS, ConfigError, load_config
+from training.presets import resolve
 
 # How long preflight waits for the W&B host to accept a connection.
 TRACKER_CONNECT_TIMEOUT_S = 5
@@ -57,7 +58,8 @@ def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
                         "or point data.path at the right folder")
         meta = None
     if meta is not None:
-        vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64  # as train.py sizes it
+        # As train.py sizes it: the architecture's (its config.json fixes it), else the config's, else the dataset's.
+        vocab_size = resolve(cfg.model.preset).vocab or cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
         try:
             check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size,
                              dtype=token_dtype_name(meta.vocab_size))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,6 +34,17 @@ def test_seq_len_mismatch_is_refused_naming_both_values(tiny_data, tmp_path):
 
 def test_too_small_vocabulary_is_refused(tiny_data, tmp_path):
     problems = run_check(tiny_data, tmp_path / "ckpt", "model.vocab_size=64")
+    assert any("vocab_size" in p and "model has 64" in p for p in problems), problems
+
+
+def test_an_architecture_whose_vocabulary_is_smaller_than_the_datasets_is_refused(tiny_data, tmp_path):
+    """A config.json fixes the vocabulary (train.py builds the embeddings at it): the dataset's ids must fit it."""
+    arch = tmp_path / "arch"
+    arch.mkdir()
+    (arch / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 192,
+        "num_hidden_layers": 2, "num_attention_heads": 4}))
+    problems = run_check(tiny_data, tmp_path / "ckpt", f"model.preset={arch / 'config.json'}")
     assert any("vocab_size" in p and "model has 64" in p for p in problems), problems
 
 
