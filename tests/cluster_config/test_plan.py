@@ -350,3 +350,12 @@ def test_plan_measured_refuses_a_report_without_layout_figures(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "measured no layout's MFU or memory" in result.stderr and "run jobs/acceptance.sh on the GPU cluster" in result.stderr
+
+
+def test_the_planner_reads_architectures_without_torch():
+    """Synth needs no PyTorch: the plan and the USR1 lead read config.json through training.architecture."""
+    code = ("import sys, cluster_config.plan, cluster_config.slurm_timeouts; "
+            "from cluster_config.settings import load_settings; cluster_config.plan.build_plan(load_settings('prod')); "
+            "from training.presets import resolve; resolve('llama3.1-70b'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
