@@ -8,7 +8,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from training.config import Config, ConfigError, read_config_file, set_key, validate_config  # torch-free, from jobs/
+from training.architecture import Architecture, ArchitectureError  # torch-free, from jobs/
+from training.config import Config, ConfigError, read_config_file, set_key, validate_config
+from training.presets import resolve
 
 from cluster_config.settings import ModelPlan, Settings, SettingsError
 
@@ -21,9 +23,36 @@ def _under_data(path: str) -> str:
     return path if path.startswith("/") else f"${{FSX_DATA}}/{path.strip('/')}"
 
 
+def architecture(settings: Settings, model: ModelPlan) -> Architecture:
+    """The architecture the entry's ``preset`` names, read here at synth as the trainer reads it on the
+    cluster (training/presets.py: a shorthand, a shipped config.json by name, or an absolute path);
+    SettingsError naming the entry, the field and the fix."""
+    where = f"cluster_config/{settings.name}.yaml models: {model.name}"
+    try:
+        return resolve(model.preset)
+    except ArchitectureError as exc:
+        if model.preset.startswith("/") and not Path(model.preset).exists():
+            fix = (f"the plan sizes the model from its config.json at synth, on this machine, where "
+                   f"{model.preset} is not: ship the config.json as jobs/training/architectures/<name>/config.json "
+                   "and set preset: <name>")
+        elif model.preset.startswith("/"):
+            fix = "set preset: to a supported architecture (docs/training.md, Your own model)"
+        else:
+            fix = ("set preset: to one of those, or ship the config.json as "
+                   "jobs/training/architectures/<name>/config.json and set preset: <name>")
+        raise SettingsError(f"{where}: preset: {exc} — {fix}") from None
+
+
+def vocabulary(settings: Settings, model: ModelPlan, cfg: Config) -> int:
+    """The vocabulary the model trains with: its architecture's (a config.json fixes it), else the training
+    config's model.vocab_size, else plan.vocab_size (the tokenizer's, which the job reads on the cluster)."""
+    return architecture(settings, model).vocab or cfg.model.vocab_size or settings.plan.vocab_size
+
+
 def training_config(settings: Settings, model: ModelPlan) -> dict:
     """The config ``jobs/train_<model>.sh`` trains with; SettingsError names the entry and the fix."""
     where = f"cluster_config/{settings.name}.yaml models: {model.name}"
+    architecture(settings, model)  # before the recipe named after it: an unknown preset is the error to report
     recipe = RECIPES / f"{model.recipe_name}.yaml"
     if not recipe.is_file():
         known = ", ".join(sorted(path.stem for path in RECIPES.glob("*.yaml")))

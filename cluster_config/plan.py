@@ -40,13 +40,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from training.presets import PRESETS  # the model shapes, memory and step-time models: torch-free, from jobs/
 from training.sizing import GIB, RunShape, checkpoint_bytes, memory
 from training.throughput import estimate_mfu
 
 from cluster_config.goodput import Goodput, Stragglers, goodput, mean_nodes_down, p_no_spare, stragglers
 from cluster_config.hardware import Gpu, gpu_of
-from cluster_config.model_configs import model_config
+from cluster_config.model_configs import architecture, model_config, vocabulary
 from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
 from cluster_config.settings import GoodputSettings, ModelPlan, Settings, SettingsError
 
@@ -275,14 +274,12 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                 ckpt_mb_s: float, measured: Measured | None = None) -> tuple[ModelRow, list[str], list[str]]:
     name, gpus = base["name"], base["gpus"]
     where = f"cluster_config/{settings.name}.yaml models: {name}"
-    preset = PRESETS.get(model.preset)
-    if preset is None:
-        raise PlanError(f"{where}: unknown preset {model.preset!r}; choose one of {', '.join(PRESETS)}")
+    preset = architecture(settings, model)  # what the trainer builds; SettingsError naming the entry and the fix
     cfg = model_config(settings, model)  # SettingsError naming the entry when it does not validate
     train, ckpt = cfg.train, cfg.checkpoint
     errors, warnings = [], []
     seq_len, steps, batch, micro = cfg.data.seq_len, train.steps, train.global_batch_size, train.micro_batch_size
-    vocab = cfg.model.vocab_size or settings.plan.vocab_size
+    vocab = vocabulary(settings, model, cfg)  # the architecture's, the config's, else plan.vocab_size
     tokens = steps * batch * seq_len
     flops = tokens * preset.flops_per_token(vocab, seq_len)
     row = dict(base, steps=steps, global_batch_size=batch, parameters=preset.parameters(vocab), tokens=tokens, flops=flops,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from datetime import datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Optional
 
 import yaml
@@ -489,9 +489,12 @@ class ModelPlan(_Strict):
 
     name: str
     nodes: int = Field(gt=0, le=MAX_NODES)  # its share of the GPU queue, enforced by its Slurm QOS
-    preset: str  # model shape: one of jobs/training/presets.py
+    # The architecture (jobs/training/presets.py): a shorthand (llama2-7b), a Hugging Face config shipped as
+    # jobs/training/architectures/<name>/config.json (llama3.1-8b), or an absolute path to a config.json
+    # that exists at synth too (the plan sizes the model from it).
+    preset: str
     # jobs/training/configs/<recipe>.yaml: optimizer, parallelism, micro-batch, checkpoint cadence;
-    # default: the recipe named like the preset.
+    # default: the recipe named like the preset (a path: like its folder).
     recipe: Optional[str] = None
     seq_len: int = Field(gt=0, le=2**20)  # tokens per sequence; the dataset is tokenized at this length
     global_batch_size: int = Field(gt=0, le=2**20)  # sequences per optimizer step
@@ -543,7 +546,10 @@ class ModelPlan(_Strict):
 
     @property
     def recipe_name(self) -> str:
-        return self.recipe or self.preset
+        if self.recipe or not self.preset.startswith("/"):
+            return self.recipe or self.preset
+        path = PurePosixPath(self.preset)  # a config.json (or its folder): the recipe named like its folder
+        return (path.parent if path.name == "config.json" else path).name
 
 
 class PlanSettings(_Strict):

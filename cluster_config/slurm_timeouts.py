@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 
-from training.presets import PRESETS  # the training code's shapes and checkpoint size, torch-free
-from training.sizing import checkpoint_bytes
+from training.sizing import checkpoint_bytes  # the training code's checkpoint size, torch-free
 
+from cluster_config.model_configs import architecture, model_config, vocabulary
 from cluster_config.settings import Settings, SettingsError
 
 MIN_USR1_LEAD_S = 600  # --signal=USR1@<lead> at least 10 minutes before a time limit (jobs/train.sh)
@@ -39,8 +39,8 @@ UNKILLABLE_STEP_TIMEOUT_S = 180
 def save_seconds(settings: Settings) -> float:
     """Seconds one save of every planned model takes when all save at once: their checkpoint bytes
     together / the checkpoint file system's throughput."""
-    vocab = settings.plan.vocab_size
-    total = sum(checkpoint_bytes(PRESETS[m.preset], vocab) for m in settings.models if m.preset in PRESETS)
+    total = sum(checkpoint_bytes(architecture(settings, m), vocabulary(settings, m, model_config(settings, m)))
+                for m in settings.models)
     return total / (settings.storage.checkpoints.throughput_mb_s * 1e6)
 
 

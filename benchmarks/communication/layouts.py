@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from cluster_config.model_jobs import bundled_cluster
 from training.communication import Traffic, layer_traffic, recomputed_layers, step_traffic
 from training.dry_run import DEFAULT_VOCAB, load_model_config, production_setup
-from training.presets import PRESETS
+from training.presets import resolve
 
 from .measure import PHASES, Phase, measure
 
@@ -105,9 +105,9 @@ def compare(model: str, env: str = "prod", *, world_size: int | None = None) -> 
     start = time.perf_counter()
     raw, planned, _ = production_setup(model, bundled_cluster(env))
     cfg = load_model_config(raw)
-    train, preset = cfg.train, PRESETS[cfg.model.preset]
+    train, preset = cfg.train, resolve(cfg.model.preset)
     world_size = world_size or planned
-    vocab = cfg.model.vocab_size or DEFAULT_VOCAB
+    vocab = preset.vocab or cfg.model.vocab_size or DEFAULT_VOCAB
     checkpointing = train.activation_checkpointing
     every = train.activation_checkpointing_every if checkpointing else 1
     runs = {n: measure(cfg, world_size, layers=n, vocab_size=vocab) for n in sorted({1, 2, every + 1})}

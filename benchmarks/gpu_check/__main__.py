@@ -111,15 +111,16 @@ def plan(jobs_dir: Path, cpu: bool) -> list[dict]:
 
 
 def _parameters(preset: str) -> int:
-    from training.presets import PRESETS
+    from training.presets import resolve
 
-    return PRESETS[preset].parameters(32000)
+    arch = resolve(preset)
+    return arch.parameters(arch.vocab or 32000)
 
 
 def _layers(preset: str) -> int:
-    from training.presets import PRESETS
+    from training.presets import resolve
 
-    return PRESETS[preset].layers
+    return resolve(preset).layers
 
 
 def predict_memory(stage: dict, gpu_memory_gib: float) -> float | None:

@@ -47,6 +47,7 @@ from . import distributed
 from .cluster import Cluster, add_arguments, load_cluster
 from .config import Config, ConfigError, load_config, read_config_file
 from .models import hf_config
+from .presets import resolve
 
 GIB = 1024**3
 # CUDA context, library workspaces and NCCL's buffers, outside torch's allocator. Measured on one H100
@@ -149,9 +150,11 @@ def fake_dist(world_size: int, rank: int = 0) -> distributed.Dist:
     return distributed.Dist(rank, world_size, rank % 8, torch.device("cpu"), group, group)
 
 
-def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, vocab_size: int = DEFAULT_VOCAB,
+def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, vocab_size: int = 0,
             gpu: bool = True) -> Report:
     """Peak memory of rank 0 of ``world_size`` in a steady-state step of ``cfg``'s training loop.
+
+    ``vocab_size``: 0 is the architecture's (a config.json fixes it), else the config's, else DEFAULT_VOCAB.
 
     ``gpu``: model the GPU job (bf16 mixed precision, kernel workspace, runtime); False models the
     same run on CPU (fp32, nothing added), which ``measure_cpu`` checks.
@@ -166,6 +169,7 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     start = time.perf_counter()
     accum = cfg.grad_accum_steps(world_size)
     d = fake_dist(world_size)
+    vocab_size = vocab_size or vocabulary(cfg)
     model_config = hf_config(cfg.model.preset, vocab_size, cfg.data.seq_len)
     deferred = cfg.train.grad_reduce == "last_micro_batch" or cfg.train.parallelism == "ddp"
     try:
@@ -353,8 +357,14 @@ def estimate(model: str, cluster: Cluster | None = None, overrides: list[str] = 
     """
     raw, world_size, gpu_gib = production_setup(model, cluster or load_cluster())
     cfg = load_model_config(raw, overrides)
-    report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=cfg.model.vocab_size or DEFAULT_VOCAB)
+    report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib)
     return report.as_dict()
+
+
+def vocabulary(cfg: Config) -> int:
+    """The vocabulary a dry run of ``cfg`` sizes: the architecture's (its config.json fixes it), else the config's
+    model.vocab_size, else DEFAULT_VOCAB (no dataset to size it), as the planner does with plan.vocab_size."""
+    return resolve(cfg.model.preset).vocab or cfg.model.vocab_size or DEFAULT_VOCAB
 
 
 def load_model_config(source: str | dict, overrides: list[str] = ()) -> Config:
@@ -372,10 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, help="ranks (default: the model's nodes x GPUs per node)")
     parser.add_argument("--gpu-memory-gib", type=float, help="memory per GPU (default: the cluster file's GPU)")
     parser.add_argument("--vocab-size", type=int, default=0,
-                        help=f"vocabulary (default: the config's model.vocab_size, else {DEFAULT_VOCAB})")
+                        help=f"vocabulary (default: the architecture's config.json's, else the config's model.vocab_size, "
+                             f"else {DEFAULT_VOCAB})")
     parser.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)
+    if args.model and "=" in args.model:  # --config FILE section.key=value: an override, not a model's name
+        args.overrides, args.model = [args.model, *args.overrides], None
     if not args.model and not args.config:
         return fail("no model", "name a model of the plan (e.g. model7) or pass --config FILE")
     try:
@@ -387,8 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             raw, planned, memory = production_setup(args.model or cfg.name, cluster)
             cfg = cfg if args.config else load_model_config(raw, args.overrides)
             world_size, gpu_gib = world_size or planned, gpu_gib or memory
-        report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib,
-                         vocab_size=args.vocab_size or cfg.model.vocab_size or DEFAULT_VOCAB)
+        report = dry_run(cfg, world_size, gpu_memory_gib=gpu_gib, vocab_size=args.vocab_size)
     except ConfigError as exc:
         return fail(exc)
     print(report.summary())

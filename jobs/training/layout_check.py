@@ -5,7 +5,7 @@
     torchrun --nproc-per-node=4 --standalone -m training.layout_check \
         --recipe jobs/training/configs/llama2-70b.yaml --preset tiny --steps 6 --out /tmp/layouts
 
-The recipe's preset (its widths: hidden, heads, key/value heads, FFN; vocabulary 32000) with ``--layers``
+The recipe's preset (its widths: hidden, heads, key/value heads, FFN; vocabulary: its config.json's, else 32000) with ``--layers``
 layers (2: with 1 layer in n recomputed, layer 0 is and layer 1 is not), in the recipe's layout at the
 world size torchrun gives: tensor parallel and HSDP shards as in the recipe, shrunk where the world is
 smaller, so that 2 data-parallel copies (FSDP x TP) or 2 replicas (HSDP) remain; the JSON says what was
@@ -52,7 +52,8 @@ from .config import Config, ConfigError, read_config_file, set_key
 from .dry_run import DEFAULT_VOCAB, load_model_config
 from .metrics import peak_flops
 from .models import RESIDUAL_OUTPUTS, canonical_name, flops_per_token, hf_config
-from .presets import PRESETS
+from .architecture import ArchitectureError
+from .presets import resolve
 from .throughput import estimate_mfu
 from .train import Trainer, build
 
@@ -79,11 +80,13 @@ def layout_config(recipe: str | None, preset: str | None, layers: int, steps: in
     model, train = raw.setdefault("model", {}), raw.setdefault("train", {})
     if preset or not model.get("preset"):  # a recipe is named after its preset (configs/llama2-70b.yaml)
         model["preset"] = preset or (Path(recipe).stem if recipe else None)
-    p = PRESETS.get(model["preset"])
-    if p is None:
-        raise ConfigError(f"no preset {model['preset']!r} (the config names none, nor is its file named after one) "
-                          f"— pass --preset, one of {', '.join(PRESETS)}")
-    model["vocab_size"] = model.get("vocab_size") or DEFAULT_VOCAB  # no dataset to size it
+    if not model["preset"]:
+        raise ConfigError("no preset (the config names none, nor is its file named after one) — pass --preset")
+    try:
+        p = resolve(model["preset"])
+    except ArchitectureError as exc:
+        raise ConfigError(f"{exc} — pass --preset") from None
+    model["vocab_size"] = model.get("vocab_size") or p.vocab or DEFAULT_VOCAB  # no dataset to size it
     if train.get("activation_checkpointing") and train.get("activation_checkpointing_every", 1) > 1 and layers < 2:
         raise ConfigError(f"--layers {layers} keeps no plain layer beside the recomputed one — use --layers 2 or more")
 
@@ -292,7 +295,7 @@ def planned_step(cfg: Config, layers: int, world_size: int) -> dict:
     cluster = load_cluster()
     if not cluster.peak_tflops:
         raise ConfigError(f"{cluster.path} knows no peak FLOP/s of {cluster.instance_type}'s GPU")
-    step = estimate_mfu(replace(PRESETS[cfg.model.preset], layers=layers), cfg.train, vocab=cfg.model.vocab_size,
+    step = estimate_mfu(replace(resolve(cfg.model.preset), layers=layers), cfg.train, vocab=cfg.model.vocab_size,
                         seq_len=cfg.data.seq_len, gpus=world_size,
                         gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
                         peak_tflops=cluster.peak_tflops, node_link_gb_s=cluster.node_link_gb_s,
@@ -480,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def describe(cfg: Config, d: distributed.Dist, name: str, args, shrunk: dict) -> dict:
     """What runs: the layout, its shrink, the widths, batch and device."""
-    layers, p, t = shrunk["layers"]["used"], PRESETS[cfg.model.preset], cfg.train
+    layers, p, t = shrunk["layers"]["used"], resolve(cfg.model.preset), cfg.train
     return {
         "layout": layout_name(cfg, d.world_size), "name": name, "recipe": args.recipe, "world_size": d.world_size,
         "shrunk": shrunk, "preset": cfg.model.preset, "layers": layers,

@@ -8,7 +8,8 @@ What the job would otherwise find out only after Slurm allocated its nodes:
 - the dataset at data.path exists and matches the config: seq_len, vocabulary (the model's
   vocab_size holds every token id), dtype (the smallest that holds the vocabulary);
 - the tokenizer the dataset was made with still loads and is the same one (SHA-256), and is the
-  model's own (data.tokenizer);
+  model's own (data.tokenizer); with no dataset yet, the model's tokenizer loads (a missing one: the
+  error says how to fetch a gated one and upload it to the data bucket);
 - the checkpoint folder can be created and written;
 - with WANDB_API_KEY set: wandb imports, and whether its host answers (a warning only: training
   goes on without W&B, see metrics.Tracker).
@@ -30,6 +31,7 @@ from data_pipeline.loader import DatasetError, check_compatible, read_dataset_me
 from data_pipeline.shards import token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from training.config import MODEL_CONFIGS, ConfigError, load_config
+from training.presets import resolve
 
 # How long preflight waits for the W&B host to accept a connection.
 TRACKER_CONNECT_TIMEOUT_S = 5
@@ -56,7 +58,8 @@ def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
                         "or point data.path at the right folder")
         meta = None
     if meta is not None:
-        vocab_size = cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64  # as train.py sizes it
+        # As train.py sizes it: the architecture's (its config.json fixes it), else the config's, else the dataset's.
+        vocab_size = resolve(cfg.model.preset).vocab or cfg.model.vocab_size or -(-meta.vocab_size // 64) * 64
         try:
             check_compatible(meta, seq_len=cfg.data.seq_len, vocab_size=vocab_size,
                              dtype=token_dtype_name(meta.vocab_size))
@@ -65,6 +68,8 @@ def check(model: str, config: str | None, overrides: list[str]) -> list[str]:
         except DatasetError as exc:
             problems.append(f"{exc} — re-tokenize for this model, or fix data.path / data.seq_len")
         problems += _check_tokenizer(meta.tokenizer, cfg.data.tokenizer)
+    elif cfg.data.tokenizer:  # no dataset yet: the tokenizer it will be made with must still be there
+        problems += _check_own_tokenizer(cfg.data.tokenizer)
     problems += _check_writable(Path(cfg.checkpoint.dir))
     problems += _check_tracker()
     return problems
@@ -84,14 +89,33 @@ def _check_tokenizer(identity: dict, wanted: str) -> list[str]:
         try:
             own = load_tokenizer(wanted)
         except (TokenizerError, OSError, ValueError) as exc:
-            return [f"the model's tokenizer {wanted!r} (data.tokenizer) does not load: {exc} — put it there "
-                    "or fix tokenizer: in the model's settings"]
+            return [_missing_tokenizer(wanted, exc)]
         if own.identity["sha256"] != tokenizer.identity["sha256"]:
             return [f"the dataset was made with tokenizer {name!r}, not the model's {wanted!r} (data.tokenizer) — "
                     "re-tokenize with MODEL=<model> sbatch jobs/preprocess.sh, or fix dataset:/tokenizer: "
                     "in the model's settings"]
     print(f"ok: tokenizer {name}")
     return []
+
+
+def _check_own_tokenizer(wanted: str) -> list[str]:
+    try:
+        load_tokenizer(wanted)
+    except (TokenizerError, OSError, ValueError) as exc:
+        return [_missing_tokenizer(wanted, exc)]
+    print(f"ok: tokenizer {wanted} (data.tokenizer; no dataset made with it yet)")
+    return []
+
+
+def _missing_tokenizer(wanted: str, exc: Exception) -> str:
+    """The model's tokenizer does not load: where it comes from, gated ones (Llama 3.1) included."""
+    name = Path(wanted).name or "<name>"
+    return (f"the model's tokenizer {wanted!r} (data.tokenizer) does not load: {exc} — put it there or fix "
+            "tokenizer: in the model's settings. A gated tokenizer (Llama 3.x): on a workstation with a "
+            "Hugging Face token that was granted access, `huggingface-cli download meta-llama/Llama-3.1-8B "
+            f"--include \"tokenizer*\" --local-dir {name}`, then `aws s3 cp --recursive {name} "
+            f"s3://<data bucket>/tokenizers/{name}/`: it appears as /fsx/data/tokenizers/{name} through the "
+            "data link (docs/training.md, Your own model)")
 
 
 def _check_writable(folder: Path) -> list[str]:

@@ -100,7 +100,7 @@ def test_an_unknown_recipe_names_the_ones_there_are(tmp_path, write_env):
     settings = entry_with(tmp_path, write_env, recipe="llama3-8b")
     with pytest.raises(SettingsError, match=r"models: model1: recipe 'llama3-8b' has no recipe "
                                             r"jobs/training/configs/llama3-8b.yaml; set recipe: to one of 18.4b, "
-                                            r"llama2-13b, llama2-70b, llama2-7b, tiny"):
+                                            r"llama2-13b, llama2-70b, llama2-7b, llama3.1-70b, llama3.1-8b, tiny"):
         job_files(settings)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import yaml
 from cluster_config.hardware import gpu_of
 from cluster_config.model_configs import model_config
 from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, read_measured
-from training.presets import PRESETS
+from training.presets import ARCHITECTURES, PRESETS, resolve
 from training.throughput import estimate_mfu
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings
 from stacks.app import settings_for
@@ -249,6 +250,61 @@ def test_deferred_gradient_reduction_points_to_the_dry_run(tmp_path, write_env):
                and "python -m training.dry_run model1 --env prod" in w for w in plan.warnings)
 
 
+# --- a model's architecture: a shorthand, a shipped config.json or a path, read as the trainer reads it -----
+
+def test_a_llama31_model_counts_its_128256_token_vocabulary(tmp_path, write_env):
+    """The architecture's config.json fixes the vocabulary: the plan counts its embeddings, not plan.vocab_size's."""
+    settings = prod_with(tmp_path, write_env, "model1", preset="llama3.1-8b")
+    plan = check_plan(settings)  # the llama3.1-8b recipe fits a H200 by the analytic sizing too
+    row = next(row for row in plan.rows if row.name == "model1")
+    assert settings.plan.vocab_size == 32000 and model_config(settings, settings.models[0]).model.vocab_size == 0
+    assert row.parameters == resolve("llama3.1-8b").parameters(128256) == 8_030_261_248
+    assert row.parameters != resolve("llama3.1-8b").parameters(32000) == 7_241_732_096
+    assert row.checkpoint_bytes == 12 * 8_030_261_248  # fp32 weights + Adam's two moments
+    assert row.memory["total"] <= plan.usable_gib
+
+
+def test_the_llama31_70b_recipe_fits_a_h200_in_the_plan(tmp_path, write_env):
+    """model7's nodes, batch and steps on the Llama 3.1 70B recipe: FSDP x TP 8, micro-batch 4, 1 layer in 4
+    recomputed; the plan's analytic sizing (what synth checks) with the 128,256-token vocabulary."""
+    plan = build_plan(prod_with(tmp_path, write_env, "model7", preset="llama3.1-70b"))
+    row = next(row for row in plan.rows if row.name == "model7")
+    assert plan.errors == () and row.memory["total"] <= plan.usable_gib
+    assert row.parameters == resolve("llama3.1-70b").parameters(128256) == 70_553_706_496
+
+
+def write_config(tmp_path, name: str, **changes) -> str:
+    """A shipped config.json with ``changes``, written to tmp_path/<name>/config.json: its path."""
+    raw = {**json.loads((ARCHITECTURES / name / "config.json").read_text()), **changes}
+    (tmp_path / name).mkdir(parents=True)
+    (tmp_path / name / "config.json").write_text(json.dumps(raw))
+    return str(tmp_path / name / "config.json")
+
+
+@pytest.mark.parametrize("preset, message", [
+    ("llama3.1-8", r"unknown preset 'llama3.1-8'; choose a shorthand .* llama3.1-8b, .* — set preset: to one "
+                   r"of those, or ship the config.json as jobs/training/architectures/<name>/config.json"),
+    ("/fsx/data/weights/llama3.1-8b", r"the plan sizes the model from its config.json at synth, on this machine, where "
+                                      r"/fsx/data/weights/llama3.1-8b is not: ship the config.json as "
+                                      r"jobs/training/architectures/<name>/config.json and set preset: <name>"),
+    ({"model_type": "gpt2"}, r"model_type 'gpt2' is not supported; supported: llama, mistral, qwen2"),
+    ({"sliding_window": 4096}, r"sliding_window 4096 is not supported: attention here is full causal"),
+])
+def test_an_architecture_the_trainer_cannot_build_stops_synth_naming_the_entry_and_the_reason(
+        tmp_path, write_env, preset, message):
+    if isinstance(preset, dict):  # an absolute path to a config.json the trainer would refuse
+        preset = write_config(tmp_path / "arch", "mistral-7b-v0.3", **preset)
+    settings = prod_with(tmp_path, write_env, "model1", preset=preset)
+    with pytest.raises(SettingsError, match=r"cluster_config/prod.yaml models: model1: preset: .*" + message):
+        check_plan(settings)
+
+
+def test_a_config_json_by_absolute_path_is_planned_with_the_recipe_named_like_its_folder(tmp_path, write_env):
+    preset = write_config(tmp_path, "llama3.1-8b")
+    row = build_plan(prod_with(tmp_path, write_env, "model1", preset=preset)).rows[0]
+    assert row.parameters == 8_030_261_248
+
+
 def test_bad_plan_settings_are_refused(tmp_path, write_env):
     with pytest.raises(SettingsError, match=r"plan.mfu: Input should be less than or equal to 1"):
         load_settings("prod", write_env(tmp_path, "prod", plan={"mfu": 40}))
@@ -294,3 +350,12 @@ def test_plan_measured_refuses_a_report_without_layout_figures(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "measured no layout's MFU or memory" in result.stderr and "run jobs/acceptance.sh on the GPU cluster" in result.stderr
+
+
+def test_the_planner_reads_architectures_without_torch():
+    """Synth needs no PyTorch: the plan and the USR1 lead read config.json through training.architecture."""
+    code = ("import sys, cluster_config.plan, cluster_config.slurm_timeouts; "
+            "from cluster_config.settings import load_settings; cluster_config.plan.build_plan(load_settings('prod')); "
+            "from training.presets import resolve; resolve('llama3.1-70b'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,12 +8,14 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from cluster_config.pcluster_schema import DEFAULT_TARGET
 from cluster_config.render import ClusterResources, render_cluster_config
-from cluster_config.settings import load_settings
+from cluster_config.settings import CONFIG_DIR, load_settings
 from cluster_config.slurm_timeouts import kill_wait_seconds, save_seconds, usr1_lead_seconds
 from training.models import count_parameters, hf_config
+from training.presets import resolve
 
 
 def test_prod_kill_wait_and_usr1_lead_hold_two_saves_of_all_seven_models_at_once_and_a_step():
@@ -47,3 +49,13 @@ def test_rendered_config_carries_kill_wait_and_parallelcluster_allows_the_keys(e
         env={"PYTHONPATH": str(DEFAULT_TARGET)}, capture_output=True, text=True, check=True)
     deny = {key for keys in json.loads(denied.stdout).values() for key in keys}
     assert "prolog" in deny and not {k.lower() for k in custom} & deny
+
+
+def test_a_save_counts_the_vocabulary_an_architectures_config_json_fixes(tmp_path, write_env):
+    """model1 on Llama 3.1 8B: its checkpoint holds 128,256-token embeddings, not plan.vocab_size's 32,000."""
+    models = yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text())["models"]
+    models[0]["preset"] = "llama3.1-8b"
+    settings = load_settings("prod", write_env(tmp_path, "prod", models=models))
+    grown = 12 * (resolve("llama3.1-8b").parameters(128256) - resolve("llama2-7b").parameters(32000))
+    assert save_seconds(settings) - save_seconds(load_settings("prod")) == pytest.approx(
+        grown / (settings.storage.checkpoints.throughput_mb_s * 1e6))

@@ -19,6 +19,7 @@ from cluster_config.model_jobs import bundled_cluster
 from training import distributed
 from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes, dry_run, fake_dist, load_model_config, main, measure_cpu,
                               production_setup)
+from training.dry_run import vocabulary as dry_run_vocabulary
 from training.models import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, hf_config
 from training.train import build
 
@@ -159,3 +160,18 @@ def test_a_model_runs_what_its_environment_gives_it():
     assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, round(gpu_gib)) == ("tiny", 128, 8, 22)
     raw, world_size, gpu_gib = production_setup("model1", bundled_cluster("prod"))
     assert (raw["model"]["preset"], raw["data"]["seq_len"], world_size, round(gpu_gib)) == ("llama2-7b", 4096, 32, 140)
+
+
+def test_a_config_file_with_overrides_and_no_model_applies_every_override(capsys):
+    """`--config FILE section.key=value`: the first override is not a model's name."""
+    assert main(["--config", str(CONFIGS / "tiny.yaml"), "train.parallelism=fsdp", "train.micro_batch_size=8",
+                 "train.global_batch_size=8", "--world-size", "1", "--gpu-memory-gib", "80"]) == 0
+    assert "(tiny): FSDP 1, micro-batch 8 x 1 accumulation" in capsys.readouterr().out
+
+
+def test_the_dry_run_sizes_a_config_jsons_vocabulary():
+    """Llama 3.2 1B (128,256 tokens, tied): its config.json's vocabulary, not DEFAULT_VOCAB, without --vocab-size."""
+    cfg = load_model_config(CONFIGS / "tiny.yaml", ["model.preset=llama3.2-1b"])
+    assert dry_run_vocabulary(cfg) == 128256 != DEFAULT_VOCAB
+    assert dry_run_vocabulary(load_model_config(CONFIGS / "tiny.yaml", ["model.vocab_size=512"])) == 512
+    assert dry_run_vocabulary(load_model_config(CONFIGS / "tiny.yaml")) == DEFAULT_VOCAB

@@ -129,6 +129,15 @@ def test_the_layout_is_the_recipes_shrunk_to_the_world():
         layout_config(str(CONFIGS / "llama2-70b.yaml"), None, 1, 12, [], 16)
 
 
+def test_a_recipe_of_a_shipped_config_takes_its_architecture_and_vocabulary():
+    """The Llama 3.1 70B recipe, named after its shipped config.json: its widths and its 128,256-token vocabulary."""
+    cfg, shrunk = layout_config(str(CONFIGS / "llama3.1-70b.yaml"), None, 2, 12, [], 16)
+    assert (cfg.model.preset, cfg.model.vocab_size, cfg.train.tensor_parallel) == ("llama3.1-70b", 128256, 8)
+    assert shrunk["layers"] == {"preset": 80, "used": 2}
+    with pytest.raises(ConfigError, match=r"unknown preset 'llama3.1-7b'; .* — pass --preset"):
+        layout_config(str(CONFIGS / "llama3.1-70b.yaml"), "llama3.1-7b", 2, 12, [], 16)
+
+
 @pytest.mark.slow
 def test_the_gpu_runs_predictions_are_the_dry_run_and_the_plan_of_the_shrunk_model(tmp_path, monkeypatch):
     """What the GPU run holds its memory and MFU to, for llama2-70b's widths with 2 layers, FSDP 2 x TP 8 on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +37,17 @@ def test_too_small_vocabulary_is_refused(tiny_data, tmp_path):
     assert any("vocab_size" in p and "model has 64" in p for p in problems), problems
 
 
+def test_an_architecture_whose_vocabulary_is_smaller_than_the_datasets_is_refused(tiny_data, tmp_path):
+    """A config.json fixes the vocabulary (train.py builds the embeddings at it): the dataset's ids must fit it."""
+    arch = tmp_path / "arch"
+    arch.mkdir()
+    (arch / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 192,
+        "num_hidden_layers": 2, "num_attention_heads": 4}))
+    problems = run_check(tiny_data, tmp_path / "ckpt", f"model.preset={arch / 'config.json'}")
+    assert any("vocab_size" in p and "model has 64" in p for p in problems), problems
+
+
 def test_missing_dataset_says_how_to_make_it(tmp_path):
     problems = run_check(tmp_path / "nothing", tmp_path / "ckpt")
     assert len(problems) == 1 and "run jobs/preprocess.sh for tiny" in problems[0]
@@ -48,6 +60,19 @@ def test_changed_or_missing_tokenizer_is_refused(tiny_data, tmp_path):
     (data / "dataset.json").write_text(meta.replace('"sha256": "', '"sha256": "0', 1))
     problems = run_check(data, tmp_path / "ckpt")
     assert any("tokenizer" in p and "changed since the dataset was made" in p for p in problems), problems
+
+
+def test_a_missing_model_tokenizer_says_how_to_fetch_a_gated_one(tiny_data, tmp_path):
+    """A Llama 3.1 model whose tokenizer was never uploaded: refused before its dataset is even made, with the
+    workstation download and the upload to the data bucket that puts it under /fsx/data/tokenizers/."""
+    missing = tmp_path / "fsx-data/tokenizers/llama3.1"
+    for data in (tmp_path / "no-dataset-yet", tiny_data):
+        problems = run_check(data, tmp_path / "ckpt", f"data.tokenizer={missing}")
+        [problem] = [p for p in problems if "data.tokenizer" in p]
+        assert f"the model's tokenizer {str(missing)!r} (data.tokenizer) does not load" in problem
+        assert ('huggingface-cli download meta-llama/Llama-3.1-8B --include "tokenizer*" --local-dir llama3.1'
+                in problem)
+        assert "s3://<data bucket>/tokenizers/llama3.1/`: it appears as /fsx/data/tokenizers/llama3.1" in problem
 
 
 def test_unwritable_checkpoint_folder_is_refused(tiny_data, tmp_path):

@@ -13,17 +13,25 @@ from training.models import build_model, count_parameters, init_weights, hf_conf
 from training.optim import build_optimizer
 from training.config import OptimConfig
 from training.architecture import Architecture
-from training.presets import PRESETS
+from training.config import validate_config
+from training.dry_run import vocabulary as dry_run_vocabulary
+from training.presets import PRESETS, resolve, shipped
 from training.sizing import RunShape, activation_bytes, checkpoint_bytes
 
 SMALL = Architecture(layers=4, hidden=128, heads=4, kv_heads=2, ffn=352)  # several layers, grouped-query attention
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", list(PRESETS) + shipped())
 def test_parameter_count_matches_the_built_model(name):
-    config = hf_config(name, 32000, 4096)
+    """The planner's count (Architecture.parameters at the vocabulary it plans with), the dry run's model and the
+    trainer's (transformers' class from hf_config, built on the meta device) agree for every shorthand and every
+    shipped config.json, tied embeddings and Qwen's q/k/v biases included."""
+    arch = resolve(name)
+    vocab = arch.vocab or 32000  # a config.json fixes it; a shorthand takes the tokenizer's (plan.vocab_size)
+    assert dry_run_vocabulary(validate_config({"model": {"preset": name}})) == vocab
+    config = hf_config(name, vocab, 4096)
     model = build_model(config)  # meta device: shapes only
-    assert PRESETS[name].parameters(32000) == sum(p.numel() for p in model.parameters()) == count_parameters(config)[0]
+    assert arch.parameters(vocab) == sum(p.numel() for p in model.parameters()) == count_parameters(config)[0]
 
 
 def saved_activation_bytes(preset: Architecture, vocab: int, seq_len: int, micro: int, checkpointing: bool) -> int:
