@@ -133,14 +133,14 @@ def write_shard(path: Path, names: list[str], shapes: dict[str, torch.Size], dty
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name in names:
-            tensor = read(name).to(dtype).contiguous()
+            tensor = read(name).to(dtype).contiguous()  # no copy when read gives it so (write_weights does)
             f.write(tensor.view(torch.uint8).numpy().data)
 
 
 def write_weights(checkpoint: Path, out: Path, config: PretrainedConfig, dtype: str = "bfloat16",
                   max_shard_size: str = "5GB") -> None:
     """The checkpoint's model weights as safetensors shards and their index in ``out``, one tensor
-    in memory at a time (in the checkpoint's dtype, plus its converted copy and DCP's read buffer)."""
+    in memory at a time: in the export's dtype, plus the one chunk of it DCP is reading (fp32)."""
     reader = CachedMetadataReader(checkpoint)
     saved = reader.read_metadata().state_dict_metadata
     shapes = weight_shapes(config)
@@ -151,13 +151,15 @@ def write_weights(checkpoint: Path, out: Path, config: PretrainedConfig, dtype: 
             raise ExportError(f"{checkpoint} holds {found} under {key}, the {config.num_hidden_layers}-layer "
                               f"model of its {META} needs shape {tuple(shape)}: not a checkpoint of this model")
 
+    target = DTYPES[dtype]
+
     def read(name: str) -> torch.Tensor:
-        # A global tensor, whole: DCP assembles it from every rank's chunks (FSDP and TP shards alike).
-        tensor = torch.empty(shapes[name], dtype=saved[f"model.{name}"].properties.dtype)
+        # A global tensor, whole: DCP assembles it from every rank's chunks (FSDP and TP shards alike),
+        # each read into memory of its own and copied into place, which converts it: a bf16 export
+        # never holds the fp32 tensor whole (peak: half the fp32 tensor + its largest chunk, not twice it).
+        tensor = torch.empty(shapes[name], dtype=target)
         dcp.load({"model": {name: tensor}}, storage_reader=reader, no_dist=True)
         return tensor
-
-    target = DTYPES[dtype]
     shards = plan_shards(shapes, target, convert_file_size_to_int(max_shard_size))
     weight_map = {}
     for i, names in enumerate(shards, 1):

@@ -6,12 +6,14 @@ peak memory of the streaming export."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -89,16 +91,27 @@ def test_bfloat16_export_is_within_bf16_tolerance(trained, tiny_data, tmp_path):
     ids = torch.randint(0, meta.vocab_size, (2, 64), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=0.05, atol=0.05)
+    # Each weight is the trained fp32 one rounded to bf16 as torch's .to() rounds it (DCP's chunk by chunk
+    # copy into the bf16 tensor converts), every chunk in its place.
+    exported = {name: t for shard in out.glob("*.safetensors") for name, t in load_file(shard).items()}
+    trained_weights = reference.state_dict()
+    assert sorted(exported) == sorted(trained_weights)
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, trained_weights[name].to(torch.bfloat16)), name
 
 
-def test_cli_refuses_a_folder_without_a_checkpoint_and_a_wrong_tokenizer(trained, tiny_data, tmp_path):
-    env = {**trained.env(), "PYTHONPATH": str(REPO / "jobs")}
+def test_cli_refuses_a_folder_without_a_checkpoint(tiny_data, tmp_path):
+    """The command itself, once (a fresh interpreter: seconds of imports), not per layout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "OMP_NUM_THREADS": "1"}
     empty = tmp_path / "empty"
     empty.mkdir()
     result = subprocess.run([sys.executable, "-m", "training.export_hf", str(empty), "--out", str(tmp_path / "out"),
                              "--dataset", str(tiny_data)], env=env, capture_output=True, text=True)
     assert result.returncode == 2
     assert f"{empty} has no 'latest' file: no complete checkpoint to export" in result.stderr
+
+
+def test_export_refuses_a_wrong_tokenizer_and_an_incomplete_step(trained, tiny_data, tmp_path):
     with pytest.raises(ExportError, match="is not the one the dataset was tokenized with"):
         export(trained.checkpoints, tmp_path / "out", tokenizer=read_dataset_meta(tiny_data).tokenizer["name"],
                expected_sha256="0" * 64)
@@ -127,15 +140,18 @@ def test_export_lands_beside_the_checkpoint_whole_or_not_at_all(trained, tiny_da
 
 
 def test_peak_memory_follows_the_largest_tensor_not_the_model(tmp_path):
-    """The benchmark's measurement: a synthetic checkpoint 15 times its largest tensor, exported in a
-    process of its own; the peak above the interpreter stays within a few largest tensors."""
+    """The benchmark's measurement: a synthetic checkpoint 5 times its largest tensor (a 32 MiB embedding),
+    exported to bf16 in a process of its own; the peak above the interpreter stays under 2 largest
+    tensors (each is read into its bf16 place, half its fp32 size, chunk by chunk; reading it whole
+    in fp32 and converting it after, as before, measured 2.8) and under half the model."""
     out = tmp_path / "export.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.export", "--vocab", "4096", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.export", "--vocab", "16384", "--dtype", "bfloat16",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["measured"]
-    assert run["model_bytes"] > 10 * run["largest_tensor_bytes"]
-    assert run["peak_bytes"] < 4 * run["largest_tensor_bytes"] + 32 * 2**20, run
+    assert run["model_bytes"] > 5 * run["largest_tensor_bytes"] == 5 * 2**25
+    assert run["peak_bytes"] < 2 * run["largest_tensor_bytes"] + 16 * 2**20, run
+    assert run["peak_bytes"] < run["model_bytes"] / 2, run
 
 
 # Tiny models of each family, as config.json files named by model.preset (its absolute path). The
