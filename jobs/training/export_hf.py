@@ -190,7 +190,7 @@ def export(checkpoint_dir: str | Path, out: str | Path | None = None, *, tokeniz
         config = hf_config(meta["preset"], meta["vocab_size"], meta["seq_len"])
     except ArchitectureError as exc:
         raise ExportError(f"{checkpoint / META} names model.preset {meta['preset']!r}, which no longer gives an "
-                          f"architecture ({exc}); restore that config.json where it names") from None
+                          f"architecture ({exc}); put that config.json back, or name where it is now in {META}") from None
     config.eos_token_id = tok.eos_id
     config.use_cache = True  # training turned the KV cache off; generation wants it
     config.dtype = dtype

@@ -258,3 +258,16 @@ def test_every_family_exports_to_its_own_transformers_class_with_the_trainers_lo
     saved = torch.load(families / family / "logits.pt")
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=saved["ids"]).logits, saved["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_preset_config_gone_since_training_is_an_export_error(families, tiny_data, tmp_path):
+    """train_meta.json names model.preset as training did: an absolute path must still hold its config.json."""
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(families / "qwen2" / "checkpoints", checkpoints)
+    step = find_checkpoint(checkpoints)
+    meta = json.loads((step / "train_meta.json").read_text())
+    (step / "train_meta.json").write_text(json.dumps({**meta, "preset": str(tmp_path / "gone" / "config.json")}))
+    with pytest.raises(ExportError, match=r"names model.preset '.*gone/config.json', which no longer gives an "
+                                          r"architecture \(.*no such file"):
+        export(checkpoints, tmp_path / "hf", tokenizer=read_dataset_meta(tiny_data).tokenizer["name"])
+    assert not (tmp_path / "hf").exists()
