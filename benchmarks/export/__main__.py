@@ -2,14 +2,15 @@
 carried over to the 70B models' shapes (llama2-70b, llama3.1-70b) without allocating them.
 
     .venv/bin/python -m benchmarks.export [--vocab 4096 16384 65536] [--dtype bfloat16 float32]
-                                          [--out benchmarks/results/export.json]
+        [--out benchmarks/results/export.json]
 
 Per vocabulary: a synthetic fp32 DCP checkpoint of the "small" preset (8 layers, width 512; its
 embedding is the largest tensor and grows with the vocabulary while the rest stays put), exported to
-each dtype (bf16, the default export, and fp32) in a process of its own; the figure is that process's peak resident memory (VmHWM, reset after
-the imports) above its resident memory before the export (the interpreter with torch and transformers,
-also recorded). The checkpoint is saved by one process, one chunk per tensor: DCP reads each tensor in
-one piece, the worst case (a sharded checkpoint's tensors are read chunk by chunk). A straight line
+each dtype (bf16, the default export, and fp32) in a process of its own; the figure is that
+process's peak resident memory (VmHWM, reset after the imports) above its resident memory before
+the export (the interpreter with torch and transformers, also recorded). The checkpoint is saved by
+one process, one chunk per tensor: DCP reads each tensor in one piece, the worst case (a sharded
+checkpoint's tensors are read chunk by chunk). A straight line
 through the points gives bytes of peak per byte of the largest tensor and a constant, set beside the
 model's size; applied to each 70B target's largest tensor (its embedding, fp32 in the checkpoint:
 llama2-70b 32000 x 8192, 0.98 GiB; llama3.1-70b 128256 x 8192, 3.9 GiB) it gives that model's figure,
@@ -96,8 +97,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         measured = [m for vocab in args.vocab for m in measure(vocab, args.dtype, Path(work))]
     for m in measured:
-        print(f"{m['preset']} vocab {m['vocab']} to {m['dtype']}: model {m['model_bytes'] / 2**20:.0f} MiB, largest tensor "
-              f"{m['largest_tensor_bytes'] / 2**20:.0f} MiB, export peak {m['peak_bytes'] / 2**20:.0f} MiB "
+        print(f"{m['preset']} vocab {m['vocab']} to {m['dtype']}: model {m['model_bytes'] / 2**20:.0f} MiB, "
+              f"largest tensor {m['largest_tensor_bytes'] / 2**20:.0f} MiB, "
+              f"export peak {m['peak_bytes'] / 2**20:.0f} MiB "
               f"({m['peak_per_largest_tensor']:.2f} x the largest tensor, {100 * m['peak_per_model']:.1f} % of "
               f"the model) above the interpreter's {m['interpreter_bytes'] / 2**20:.0f} MiB")
     result = {"measured": measured}
@@ -114,8 +116,9 @@ def main() -> int:
                 "peak_per_largest_tensor_byte": round(slope, 3), "constant_bytes": round(constant),
                 "predicted_peak_bytes": round(peak), "predicted_process_bytes": round(peak + interpreter),
                 "method": "extrapolated from the measured points (straight line), not a 70B run"}
-            print(f"{target} to {dtype}: model {total / 2**30:.0f} GiB in fp32, largest tensor {largest / 2**30:.2f} GiB: "
-                  f"export peak ~{peak / 2**30:.1f} GiB ({slope:.2f} x largest + {constant / 2**20:.0f} MiB), "
+            print(f"{target} to {dtype}: model {total / 2**30:.0f} GiB in fp32, largest tensor "
+                  f"{largest / 2**30:.2f} GiB: export peak ~{peak / 2**30:.1f} GiB "
+                  f"({slope:.2f} x largest + {constant / 2**20:.0f} MiB), "
                   f"~{(peak + interpreter) / 2**30:.1f} GiB with the interpreter (loading the model whole: "
                   f"{total / 1e9:.0f} GB)")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,9 @@ written once, as the embedding, like transformers' own ``save_pretrained``. The 
 not read.
 
 Memory: the weights are streamed, one tensor at a time, from the checkpoint into the shard files,
-never the whole model: the peak is a few times the largest tensor above the interpreter (llama3.1-70b:
-its 128256 x 8192 embedding, 3.9 GiB in fp32), docs/training.md gives the measured figure.
+never the whole model: the peak above the interpreter is 1.5 (bf16) to 2 (fp32) times the largest
+tensor in fp32 (llama3.1-70b: its 128256 x 8192 embedding, 3.9 GiB), docs/training.md gives the
+measured figures.
 
 The tokenizer is the one the dataset was tokenized with: ``--dataset`` reads its name from
 ``dataset.json`` (and refuses a tokenizer whose SHA-256 differs from the one recorded there), or
@@ -160,6 +161,7 @@ def write_weights(checkpoint: Path, out: Path, config: PretrainedConfig, dtype: 
         tensor = torch.empty(shapes[name], dtype=target)
         dcp.load({"model": {name: tensor}}, storage_reader=reader, no_dist=True)
         return tensor
+
     shards = plan_shards(shapes, target, convert_file_size_to_int(max_shard_size))
     weight_map = {}
     for i, names in enumerate(shards, 1):
@@ -190,7 +192,8 @@ def export(checkpoint_dir: str | Path, out: str | Path | None = None, *, tokeniz
         config = hf_config(meta["preset"], meta["vocab_size"], meta["seq_len"])
     except ArchitectureError as exc:
         raise ExportError(f"{checkpoint / META} names model.preset {meta['preset']!r}, which no longer gives an "
-                          f"architecture ({exc}); put that config.json back, or name where it is now in {META}") from None
+                          f"architecture ({exc}); put that config.json back, or name where it is now in {META}"
+                          ) from None
     config.eos_token_id = tok.eos_id
     config.use_cache = True  # training turned the KV cache off; generation wants it
     config.dtype = dtype
