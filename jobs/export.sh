@@ -5,14 +5,15 @@
 #
 # Reads /fsx/checkpoints/<model>/<latest or step_N> and writes /fsx/checkpoints/<model>/export/step_<N>
 # (config.json, safetensors shards and their index, the tokenizer of the model's dataset), through a
-# partial folder renamed once complete. The weights stream one tensor at a time: llama2-70b peaks at
-# ~2.2 GiB above the interpreter (benchmarks/export). The tokenizer is the one of the model's
+# partial folder renamed once complete. The weights stream one tensor at a time: llama3.1-70b (its
+# 3.9 GiB embedding) peaks at ~6.4 GiB in bf16 and ~8.1 GiB with --dtype float32, interpreter included
+# (benchmarks/export, extrapolated). The tokenizer is the one of the model's
 # training config's data.path (jobs/models/<model>.yaml, or TRAIN_CONFIG).
 #SBATCH --job-name=export
 #SBATCH --partition=cpu            # CPU queue: exporting needs no GPU
 #SBATCH --nodes=1
 #SBATCH --ntasks=1                 # one process reads the whole checkpoint
-#SBATCH --mem=8G                   # one tensor at a time: ~2.2 GiB for 70B + the interpreter, torch and transformers
+#SBATCH --mem=12G                  # one tensor at a time: 70B peaks at 8.1 GiB (fp32 export of llama3.1-70b); fits dev's 16 GiB CPU nodes
 #SBATCH --time=04:00:00            # 70B: ~260 GB read and ~140 GB (bf16) written on FSx; room to spare
 #SBATCH --output=/fsx/logs/export/%x_%j.out  # not the submission folder (root-owned on the cluster); Slurm does not create the folder
 set -euo pipefail

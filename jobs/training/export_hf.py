@@ -10,12 +10,17 @@ to ``step_<N>`` once every file is written, so a folder of that name is always a
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` and ``AutoTokenizer.from_pretrained(OUT)``
 load it. The checkpoint is the DCP folder training writes (``latest`` by default), whatever the
 layout (DDP, FSDP, HSDP, FSDP x TP): DCP stores every parameter as one global tensor under its
-unsharded ``LlamaForCausalLM`` name, whichever ranks held its pieces. The shape comes from the
-checkpoint's ``train_meta.json``; the optimizer state is not read.
+unsharded transformers name, whichever ranks held its pieces. The architecture is the one the
+checkpoint's ``train_meta.json`` names (``model.preset``: a shorthand, a shipped config.json or the
+absolute path of one), of any family training builds (Llama, Mistral, Qwen2 with its q/k/v biases);
+``config.json`` is that family's, in the export's dtype. A tied output projection (Llama 3.2 1B/3B) is
+written once, as the embedding, like transformers' own ``save_pretrained``. The optimizer state is
+not read.
 
 Memory: the weights are streamed, one tensor at a time, from the checkpoint into the shard files,
-never the whole model: the peak is a few times the largest tensor (70B: ~1 GiB in fp32, its
-embedding) above the interpreter, docs/training.md gives the measured figure.
+never the whole model: the peak above the interpreter is 1.5 (bf16) to 2 (fp32) times the largest
+tensor in fp32 (llama3.1-70b: its 128256 x 8192 embedding, 3.9 GiB), docs/training.md gives the
+measured figures.
 
 The tokenizer is the one the dataset was tokenized with: ``--dataset`` reads its name from
 ``dataset.json`` (and refuses a tokenizer whose SHA-256 differs from the one recorded there), or
@@ -39,9 +44,10 @@ from data_pipeline.shards import DatasetError, read_dataset_meta
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
-from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerFast
 from transformers.utils.hub import convert_file_size_to_int
 
+from .architecture import ArchitectureError
 from .checkpoint import LATEST, META, STEP_DIR
 from .models import build_model, hf_config
 
@@ -88,9 +94,17 @@ class CachedMetadataReader(FileSystemReader):
         return self._metadata
 
 
-def weight_shapes(config: LlamaConfig) -> dict[str, torch.Size]:
-    """The Hugging Face model's weights, by name in its own order, from a model on the meta device."""
-    return {name: tensor.shape for name, tensor in build_model(config).state_dict().items()}
+def weight_shapes(config: PretrainedConfig) -> dict[str, torch.Size]:
+    """The Hugging Face model's weights, by name in its own order, from a model on the meta device: each
+    parameter once, under its first name. A tied output projection (``tie_word_embeddings``, Llama 3.2
+    1B/3B) is the embedding's own parameter: written as ``model.embed_tokens.weight`` only, as
+    transformers' ``save_pretrained`` does, and tied again by ``from_pretrained``."""
+    shapes, seen = {}, set()
+    for name, tensor in build_model(config).state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            shapes[name] = tensor.shape
+    return shapes
 
 
 def plan_shards(shapes: dict[str, torch.Size], dtype: torch.dtype, max_shard_bytes: int) -> list[list[str]]:
@@ -120,14 +134,14 @@ def write_shard(path: Path, names: list[str], shapes: dict[str, torch.Size], dty
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name in names:
-            tensor = read(name).to(dtype).contiguous()
+            tensor = read(name).to(dtype).contiguous()  # no copy when read gives it so (write_weights does)
             f.write(tensor.view(torch.uint8).numpy().data)
 
 
-def write_weights(checkpoint: Path, out: Path, config: LlamaConfig, dtype: str = "bfloat16",
+def write_weights(checkpoint: Path, out: Path, config: PretrainedConfig, dtype: str = "bfloat16",
                   max_shard_size: str = "5GB") -> None:
     """The checkpoint's model weights as safetensors shards and their index in ``out``, one tensor
-    in memory at a time (in the checkpoint's dtype, plus its converted copy and DCP's read buffer)."""
+    in memory at a time: in the export's dtype, plus the one chunk of it DCP is reading (fp32)."""
     reader = CachedMetadataReader(checkpoint)
     saved = reader.read_metadata().state_dict_metadata
     shapes = weight_shapes(config)
@@ -138,13 +152,16 @@ def write_weights(checkpoint: Path, out: Path, config: LlamaConfig, dtype: str =
             raise ExportError(f"{checkpoint} holds {found} under {key}, the {config.num_hidden_layers}-layer "
                               f"model of its {META} needs shape {tuple(shape)}: not a checkpoint of this model")
 
+    target = DTYPES[dtype]
+
     def read(name: str) -> torch.Tensor:
-        # A global tensor, whole: DCP assembles it from every rank's chunks (FSDP and TP shards alike).
-        tensor = torch.empty(shapes[name], dtype=saved[f"model.{name}"].properties.dtype)
+        # A global tensor, whole: DCP assembles it from every rank's chunks (FSDP and TP shards alike),
+        # each read into memory of its own and copied into place, which converts it: a bf16 export
+        # never holds the fp32 tensor whole (peak: half the fp32 tensor + its largest chunk, not twice it).
+        tensor = torch.empty(shapes[name], dtype=target)
         dcp.load({"model": {name: tensor}}, storage_reader=reader, no_dist=True)
         return tensor
 
-    target = DTYPES[dtype]
     shards = plan_shards(shapes, target, convert_file_size_to_int(max_shard_size))
     weight_map = {}
     for i, names in enumerate(shards, 1):
@@ -171,7 +188,12 @@ def export(checkpoint_dir: str | Path, out: str | Path | None = None, *, tokeniz
     meta = json.loads((checkpoint / META).read_text())
     if tok.vocab_size > meta["vocab_size"]:
         raise ExportError(f"tokenizer {tokenizer} has {tok.vocab_size} ids, the model only {meta['vocab_size']}")
-    config = hf_config(meta["preset"], meta["vocab_size"], meta["seq_len"])
+    try:  # a shorthand, a shipped config.json by name, or the absolute path of one: what model.preset named
+        config = hf_config(meta["preset"], meta["vocab_size"], meta["seq_len"])
+    except ArchitectureError as exc:
+        raise ExportError(f"{checkpoint / META} names model.preset {meta['preset']!r}, which no longer gives an "
+                          f"architecture ({exc}); put that config.json back, or name where it is now in {META}"
+                          ) from None
     config.eos_token_id = tok.eos_id
     config.use_cache = True  # training turned the KV cache off; generation wants it
     config.dtype = dtype
