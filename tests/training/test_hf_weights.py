@@ -1,0 +1,268 @@
+"""Released weights (training.hf_weights, model.init_from) land in every layout as transformers reads them.
+
+Tiny checkpoints of each supported family are made here (transformers' own classes, seeded, fp32,
+``save_pretrained``): Llama 3.1 (rope_scaling llama3, rope_theta 500000, grouped-query attention),
+Llama 3.2 (tied embeddings), Qwen2 (q/k/v biases) and Mistral (sliding_window null), the last one
+sharded into several files with a model.safetensors.index.json. One torchrun of 4 gloo ranks imports
+each into DDP 4, FSDP 4, HSDP 2 x 2 and FSDP 2 x TP 2 (tied: no TP, which the config refuses), with
+``model.preset`` the checkpoint's folder; the first forward's loss on a fixed batch must be the one
+transformers' ``from_pretrained`` model computes, and each rank must read only its part.
+
+Widths split unevenly (FFN 90: TP 45 + 45, then FSDP 23 + 22; vocab 250: FSDP 4 gives 63, 63, 63, 61).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIG, torchrun_script
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from training.config import ConfigError
+from training.dry_run import load_model_config
+from training.hf_weights import WeightsError, load
+from training.models import build_model, hf_config, init_weights
+from training.presets import resolve
+
+SEQ = 32
+COMMON = dict(hidden_size=48, intermediate_size=90, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+              head_dim=8, max_position_embeddings=64)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+# family -> (model_type, its options, save_pretrained's max_shard_size or None: one file)
+FAMILIES = {
+    # vocab 512: the tiny dataset's tokenizer, so the trainer test can start from this one
+    "llama3.1": ("llama", dict(vocab_size=512, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE), None),
+    "llama3.2": ("llama", dict(vocab_size=250, rope_theta=500000.0, tie_word_embeddings=True), None),
+    "qwen2": ("qwen2", dict(vocab_size=250, use_sliding_window=False), None),
+    "mistral": ("mistral", dict(vocab_size=250, sliding_window=None), "40KB"),
+}
+LAYOUTS = {"ddp": ["train.parallelism=ddp"], "fsdp": ["train.parallelism=fsdp"],
+           "hsdp": ["train.parallelism=hsdp", "train.hsdp_shard_size=2"],
+           "fsdp_tp": ["train.parallelism=fsdp", "train.tensor_parallel=2"]}
+
+
+def make_checkpoint(folder: Path, family: str, **changes) -> Path:
+    """A released-style checkpoint of ``family``: transformers' model, seeded, fp32 safetensors."""
+    model_type, options, shard = FAMILIES[family]
+    config = AutoConfig.for_model(model_type, **{**COMMON, "tie_word_embeddings": False, **options,
+                                                 **changes})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # transformers starts biases at 0: make them count
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
+    return folder
+
+
+def batch(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
+
+
+def transformers_loss(folder: Path) -> float:
+    """The loss transformers' own model, read by from_pretrained, computes on ``batch``."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokens = batch(model.config.vocab_size)
+    with torch.no_grad():
+        return model(input_ids=tokens, labels=tokens).loss.item()
+
+
+def tensor_bytes(folder: Path) -> dict[str, int]:
+    """Each stored tensor's bytes."""
+    sizes = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                numel = 1
+                for n in sl.get_shape():
+                    numel *= n
+                sizes[name] = numel * 4  # fp32
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("released")
+    return {family: make_checkpoint(root / family, family) for family in FAMILIES}
+
+
+WORKER = r"""
+import json, sys, time, torch
+from training import distributed
+from training.dry_run import load_model_config
+from training.hf_weights import load
+from training.models import compute_loss, hf_config
+from training.presets import resolve
+from training.train import build
+
+folders, layouts, config, seq, out = json.loads(sys.argv[1])
+d = distributed.init(60)
+result = {}
+for family, folder in folders.items():
+    arch = resolve(folder)
+    tokens = torch.load(f"{out}/batch_{family}.pt")
+    for layout, overrides in layouts.items():
+        if arch.tied_embeddings and "train.tensor_parallel=2" in overrides:
+            continue  # refused by the config (test_tied_embeddings_refuse_tensor_parallel)
+        cfg = load_model_config(config, [*overrides, f"model.preset={folder}"])
+        model, _ = build(cfg, hf_config(arch, arch.vocab, seq), d, distributed.device_mesh(d, cfg.train))
+        start = time.process_time()
+        source = load(model, folder, arch, folder)
+        load_cpu_s = time.process_time() - start
+        with torch.no_grad(), distributed.loss_parallel(cfg.train):
+            loss = compute_loss(model, tokens[:, :-1], tokens[:, 1:]).item()
+        result[f"{family}/{layout}"] = {"loss": loss, "bytes": source["bytes_read_by_rank"], "load_cpu_s": load_cpu_s,
+                                        "files": source["files"]}
+        del model
+json.dump(result, open(f"{out}/rank{d.rank}.json", "w"))
+distributed.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def imported(checkpoints, tmp_path_factory) -> list[dict]:
+    """Per rank: {"family/layout": {loss, bytes, load_cpu_s, files}}."""
+    out = tmp_path_factory.mktemp("import")
+    for family, folder in checkpoints.items():
+        torch.save(batch(resolve(str(folder)).vocab), out / f"batch_{family}.pt")
+    (out / "worker.py").write_text(WORKER)
+    folders = {family: str(folder) for family, folder in checkpoints.items()}
+    code, output = torchrun_script(out / "worker.py", json.dumps([folders, LAYOUTS, str(CONFIG), SEQ, str(out)]),
+                                   timeout=300)
+    assert code == 0, output[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def runs(family: str) -> list[str]:
+    return [layout for layout in LAYOUTS if not (family == "llama3.2" and layout == "fsdp_tp")]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_layout_computes_transformers_loss(checkpoints, imported, family):
+    expected = transformers_loss(checkpoints[family])
+    for layout in runs(family):
+        for rank in imported:
+            assert rank[f"{family}/{layout}"]["loss"] == pytest.approx(expected, abs=1e-5), (layout, expected)
+
+
+def test_the_checkpoints_are_what_they_claim(checkpoints):
+    """What the test above covers: rope llama3, GQA, tied, biases, sliding_window null, several files."""
+    archs = {family: resolve(str(folder)) for family, folder in checkpoints.items()}
+    assert dict(archs["llama3.1"].rope_scaling)["rope_type"] == "llama3" and archs["llama3.1"].rope_theta == 500000
+    assert all(a.kv_heads == 2 and a.heads == 6 for a in archs.values())
+    assert archs["llama3.2"].tied_embeddings and "lm_head.weight" not in tensor_bytes(checkpoints["llama3.2"])
+    assert archs["qwen2"].qkv_bias and "model.layers.0.self_attn.q_proj.bias" in tensor_bytes(checkpoints["qwen2"])
+    assert (checkpoints["mistral"] / "model.safetensors.index.json").is_file()
+    assert len(list(checkpoints["mistral"].glob("*.safetensors"))) > 2
+
+
+def test_tied_embeddings_refuse_tensor_parallel(checkpoints):
+    with pytest.raises(ConfigError, match="ties its output projection"):
+        load_model_config(CONFIG, ["train.parallelism=fsdp", "train.tensor_parallel=2",
+                                   f"model.preset={checkpoints['llama3.2']}"])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_rank_reads_its_part(checkpoints, imported, family):
+    """FSDP 4 and FSDP 2 x TP 2: about a quarter each, DDP the whole, HSDP 2 x 2 half; together, the
+    checkpoint once per copy of each shard (TP ranks share the embedding and the norms: both read them)."""
+    sizes = tensor_bytes(checkpoints[family])
+    total = sum(sizes.values())
+    read = {layout: [rank[f"{family}/{layout}"]["bytes"] for rank in imported] for layout in runs(family)}
+    assert read["ddp"] == [total] * 4
+    assert sum(read["fsdp"]) == total and all(0.2 < b / total < 0.3 for b in read["fsdp"]), read["fsdp"]
+    assert sum(read["hsdp"]) == 2 * total and all(0.45 < b / total < 0.55 for b in read["hsdp"]), read["hsdp"]
+    if "fsdp_tp" in read:
+        # not split by TP: the embedding (FSDP only) and the norms (sequence parallel: replicated)
+        whole = sum(b for name, b in sizes.items() if name.endswith("norm.weight") or "embed_tokens" in name)
+        assert sum(read["fsdp_tp"]) == total + whole, (read["fsdp_tp"], total, whole)
+        assert all(0.2 < b / total < 0.25 + 0.5 * whole / total for b in read["fsdp_tp"]), read["fsdp_tp"]
+
+
+# Bad inputs: one process, no distribution. The error must name what is wrong.
+
+def plain_model(folder: Path):
+    arch = resolve(str(folder))
+    config = hf_config(arch, arch.vocab, SEQ)
+    model = build_model(config)
+    init_weights(model, config, torch.device("cpu"), seed=0)
+    return model, arch
+
+
+def rewrite(folder: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the one-file checkpoint ``folder`` whose tensors ``edit`` changed (a dict, in place)."""
+    copy = tmp_path / "edited"
+    copy.mkdir()
+    (copy / "config.json").write_text((folder / "config.json").read_text())
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    edit(tensors)
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    return copy
+
+
+def test_a_plain_model_loads_the_checkpoint_exactly(checkpoints):
+    folder = checkpoints["qwen2"]
+    model, arch = plain_model(folder)
+    source = load(model, folder, arch, str(folder))
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        for name, p in model.named_parameters():
+            assert torch.equal(p.detach(), f.get_tensor(name)), name
+    assert source["bytes_read_by_rank"] == sum(tensor_bytes(folder).values())
+    assert source["files"] == {"model.safetensors": (folder / "model.safetensors").stat().st_size}
+    assert len(source["config_sha256"]) == 64 and source["path"] == str(folder)
+
+
+def test_a_tied_model_stays_tied_and_takes_the_table(checkpoints):
+    folder = checkpoints["llama3.2"]
+    model, arch = plain_model(folder)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    load(model, folder, arch, str(folder))
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        assert torch.equal(model.lm_head.weight.detach(), f.get_tensor("model.embed_tokens.weight"))
+
+
+def test_a_missing_tensor_is_named(checkpoints, tmp_path):
+    bad = rewrite(checkpoints["qwen2"], tmp_path, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
+    model, arch = plain_model(bad)
+    with pytest.raises(WeightsError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias is missing"):
+        load(model, bad, arch, str(bad))
+
+
+def test_a_wrong_shape_is_named(checkpoints, tmp_path):
+    name = "model.layers.0.mlp.up_proj.weight"
+    bad = rewrite(checkpoints["qwen2"], tmp_path, lambda t: t.update({name: t[name][:-1].clone()}))
+    model, arch = plain_model(bad)
+    with pytest.raises(WeightsError, match=rf"{name} has shape \[89, 48\], the model \[90, 48\]"):
+        load(model, bad, arch, str(bad))
+
+
+def test_a_tensor_the_model_lacks_is_named(checkpoints, tmp_path):
+    bad = rewrite(checkpoints["qwen2"], tmp_path, lambda t: t.update({"model.extra.weight": torch.zeros(2)}))
+    model, arch = plain_model(bad)
+    with pytest.raises(WeightsError, match=r"model\.extra\.weight is not in the model"):
+        load(model, bad, arch, str(bad))
+
+
+def test_a_config_other_than_the_preset_names_the_field(checkpoints, tmp_path):
+    """model.preset a shipped or other config, init_from a checkpoint of other widths: refused before any read."""
+    other = make_checkpoint(tmp_path / "other", "qwen2", num_key_value_heads=3)
+    model, arch = plain_model(checkpoints["qwen2"])
+    with pytest.raises(WeightsError, match=r"kv_heads: 2 vs 3.*set model\.preset to"):
+        load(model, other, arch, str(checkpoints["qwen2"]))
+
+
+def test_a_folder_without_safetensors_says_so(checkpoints, tmp_path):
+    (tmp_path / "config.json").write_text((checkpoints["qwen2"] / "config.json").read_text())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    model, arch = plain_model(checkpoints["qwen2"])
+    with pytest.raises(WeightsError, match=r"holds no \*\.safetensors"):
+        load(model, tmp_path, arch, str(checkpoints["qwen2"]))
