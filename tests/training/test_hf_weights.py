@@ -14,6 +14,7 @@ Widths split unevenly (FFN 90: TP 45 + 45, then FSDP 23 + 22; vocab 250: FSDP 4 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,79 @@ def test_a_folder_without_safetensors_says_so(checkpoints, tmp_path):
     model, arch = plain_model(checkpoints["qwen2"])
     with pytest.raises(WeightsError, match=r"holds no \*\.safetensors"):
         load(model, tmp_path, arch, str(checkpoints["qwen2"]))
+
+
+# The trainer: model.init_from starts a run, saved as step 0; a restart resumes and never reads it again.
+
+TRAIN = ("train.parallelism=fsdp", "train.steps=6", "checkpoint.every=3", "checkpoint.keep=10", "log.interval=1",
+         "train.micro_batch_size=8", "optim.warmup_steps=2", "eval.every=0")
+
+
+def first_batch_loss(folder: Path, data: Path, ranks: int = 2, micro: int = 8, global_batch: int = 32) -> float:
+    """transformers' loss (from_pretrained) on the first global batch the trainer's ranks read."""
+    import torch.nn.functional as F
+    from data_pipeline.loader import TokenLoader
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    losses = []
+    for rank in range(ranks):
+        loader = iter(TokenLoader(data, batch_size=micro, seq_len=128, rank=rank, world_size=ranks, num_workers=0,
+                                  seed=0, vocab_size=model.config.vocab_size, global_batch_size=global_batch))
+        for _ in range(global_batch // (micro * ranks)):
+            b = next(loader)
+            with torch.no_grad():
+                logits = model(input_ids=b["input_ids"]).logits
+            losses.append(F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten()).item())
+    return sum(losses) / len(losses)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.load of step 0 in this process
+def test_the_trainer_starts_from_released_weights_and_resumes_exactly(checkpoints, tiny_data, tmp_path):
+    import signal
+
+    import torch.distributed.checkpoint as dcp
+    from conftest import Run
+    from torch.distributed.checkpoint import FileSystemReader
+
+    released = tmp_path / "released"  # a copy: its weights are deleted before the restart below
+    released.mkdir()
+    for file in checkpoints["llama3.1"].iterdir():
+        (released / file.name).write_bytes(file.read_bytes())
+    options = (*TRAIN, f"model.preset={released}", f"model.init_from={released}")
+
+    full = Run(tmp_path / "full")
+    assert full.run(tiny_data, *options) == 0, full.output[-4000:]
+    assert "weights from" in full.output
+    step0 = full.checkpoints / "step_00000000"
+    meta = json.loads((step0 / "train_meta.json").read_text())
+    provenance = meta["init_from"]
+    assert provenance["path"] == str(released) and provenance["files"] == {
+        "model.safetensors": (released / "model.safetensors").stat().st_size}
+    total = sum(tensor_bytes(released).values())
+    assert 0.45 < provenance["bytes_read_by_rank"] / total < 0.55  # FSDP 2: rank 0's half
+    # Step 0 holds the released weights exactly, and the first step's loss is transformers' on that batch.
+    with safe_open(released / "model.safetensors", framework="pt") as f:
+        for name in f.keys():
+            saved = torch.empty(f.get_slice(name).get_shape())
+            dcp.load({"model": {name: saved}}, storage_reader=FileSystemReader(step0), no_dist=True)
+            assert torch.equal(saved, f.get_tensor(name)), name
+    losses = full.losses()
+    assert sorted(losses) == list(range(1, 7))
+    assert losses[1][0] == pytest.approx(first_batch_loss(released, tiny_data), abs=1e-5)
+
+    # Interrupted (SIGUSR1 after step 2), then restarted with the released weights gone: it resumes from its own
+    # checkpoint, reads nothing of init_from, and every step repeats the uninterrupted run's loss bit for bit.
+    run = Run(tmp_path / "interrupted")
+    run.start(tiny_data, *options)
+    run.wait_for_step(2)
+    for pid in run.worker_pids():
+        os.kill(pid, signal.SIGUSR1)
+    assert run.wait() == 0, run.output[-4000:]
+    assert run.status() == "stopped" and max(run.losses()) < 6
+    assert (run.checkpoints / "step_00000000/train_meta.json").is_file()
+    for file in released.glob("*.safetensors"):
+        file.unlink()
+    assert run.run(tiny_data, *options) == 0, run.output[-4000:]
+    assert "resumed from" in run.output and "weights from" not in run.output
+    assert run.status() == "complete"
+    assert run.losses() == losses
