@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -323,6 +324,11 @@ def test_the_trainer_starts_from_released_weights_and_resumes_exactly(checkpoint
             saved = torch.empty(f.get_slice(name).get_shape())
             dcp.load({"model": {name: saved}}, storage_reader=FileSystemReader(step0), no_dist=True)
             assert torch.equal(saved, f.get_tensor(name)), name
+    # The optimizer starts fresh: after 3 steps AdamW has counted 3 (saving step 0 must not count one).
+    saved = FileSystemReader(full.checkpoints / "step_00000003").read_metadata().state_dict_metadata
+    counts = {key: torch.empty(saved[key].size) for key in saved if key.startswith("optim.state.") and key.endswith(".step")}
+    dcp.load(counts, storage_reader=FileSystemReader(full.checkpoints / "step_00000003"), no_dist=True)
+    assert counts and {float(count) for count in counts.values()} == {3.0}
     losses = full.losses()
     assert sorted(losses) == list(range(1, 7))
     assert losses[1][0] == pytest.approx(first_batch_loss(released, tiny_data), abs=1e-5)
@@ -343,3 +349,12 @@ def test_the_trainer_starts_from_released_weights_and_resumes_exactly(checkpoint
     assert "resumed from" in run.output and "weights from" not in run.output
     assert run.status() == "complete"
     assert run.losses() == losses
+
+    # Resumed from step 0 itself (the job died before its first checkpoint): the same run again.
+    again = Run(tmp_path / "from_step_0")
+    again.checkpoints.mkdir(parents=True)
+    shutil.copytree(step0, again.checkpoints / "step_00000000")
+    (again.checkpoints / "latest").write_text("step_00000000\n")
+    assert again.run(tiny_data, *options) == 0, again.output[-4000:]
+    assert "resumed from" in again.output and "weights from" not in again.output
+    assert again.losses() == losses
