@@ -223,6 +223,21 @@ def test_a_plain_model_loads_the_checkpoint_exactly(checkpoints):
     assert len(source["config_sha256"]) == 64 and source["path"] == str(folder)
 
 
+def test_wrapped_layers_load_by_the_model_s_own_names(checkpoints):
+    """Activation checkpointing (and DDP, torch.compile) add parts to parameter names; the checkpoint has none."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    folder = checkpoints["llama3.1"]
+    model, arch = plain_model(folder)
+    for i, layer in enumerate(model.model.layers):
+        model.model.layers[i] = checkpoint_wrapper(layer)
+    assert "_checkpoint_wrapped_module" in next(n for n, _ in model.named_parameters() if ".layers." in n)
+    load(model, folder, arch, str(folder))
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        layer = model.model.layers[1]._checkpoint_wrapped_module
+        assert torch.equal(layer.mlp.down_proj.weight.detach(), f.get_tensor("model.layers.1.mlp.down_proj.weight"))
+
+
 def test_a_tied_model_stays_tied_and_takes_the_table(checkpoints):
     folder = checkpoints["llama3.2"]
     model, arch = plain_model(folder)
