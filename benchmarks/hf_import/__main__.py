@@ -1,5 +1,6 @@
-"""Bytes each rank reads to start from released weights (model.init_from, training/hf_weights.py), and
-what that makes of importing 70B on prod.
+"""Bytes each rank reads of released weights (model.init_from) and prod's import times, 70B's among them.
+
+Released weights are read by training/hf_weights.py, each rank its own slices.
 
     .venv/bin/python -m benchmarks.hf_import [--hidden 256] [--out benchmarks/results/hf_import.json]
 
