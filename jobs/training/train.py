@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg, d)
     # Bad input, or another job writing this model's checkpoints: exit 2, no requeue (docs/cli.md).
-    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable, CheckpointInUse) as exc:
+    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable, CheckpointInUse,
+            hf_weights.WeightsError) as exc:
         _report_user_error(str(exc))
         if d.is_main:
             return fail(exc)

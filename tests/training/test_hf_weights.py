@@ -373,3 +373,20 @@ def test_the_trainer_starts_from_released_weights_and_resumes_exactly(checkpoint
     assert again.run(tiny_data, *options) == 0, again.output[-4000:]
     assert "resumed from" in again.output and "weights from" not in again.output
     assert again.losses() == losses
+
+
+def test_a_bad_init_from_is_the_user_s_error_not_a_requeue(checkpoints, tiny_data, tmp_path, monkeypatch):
+    """Exit 2 and a "user:" line for jobs/train.sh, as for any bad input: a requeue would fail the same way
+    (it was an unexpected exception: exit 1, which jobs/train.sh requeues)."""
+    from conftest import Run
+
+    released = tmp_path / "released"
+    released.mkdir()
+    (released / "config.json").write_text((checkpoints["llama3.1"] / "config.json").read_text())
+    monkeypatch.setenv("TRAIN_FAILURE_FILE", str(tmp_path / "failure"))
+    run = Run(tmp_path / "run")
+    assert run.run(tiny_data, *TRAIN, f"model.preset={released}", f"model.init_from={released}", nproc=1) != 0
+    assert "exitcode: 2" in run.output, run.output[-4000:]  # the worker's; torchrun's own is 1
+    assert "error: model.init_from:" in run.output and "holds no *.safetensors" in run.output
+    assert (tmp_path / "failure").read_text().startswith("user: model.init_from:")
+    assert not run.checkpoints.exists() or not list(run.checkpoints.glob("step_*"))
