@@ -390,3 +390,10 @@ def test_a_bad_init_from_is_the_user_s_error_not_a_requeue(checkpoints, tiny_dat
     assert "error: model.init_from:" in run.output and "holds no *.safetensors" in run.output
     assert (tmp_path / "failure").read_text().startswith("user: model.init_from:")
     assert not run.checkpoints.exists() or not list(run.checkpoints.glob("step_*"))
+
+
+def test_a_folder_without_config_json_says_so(checkpoints, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes((checkpoints["qwen2"] / "model.safetensors").read_bytes())
+    model, arch = plain_model(checkpoints["qwen2"])
+    with pytest.raises(WeightsError, match=r"model\.init_from: .*config\.json: no such file"):
+        load(model, tmp_path, arch, str(checkpoints["qwen2"]))
