@@ -162,6 +162,7 @@ def test_the_checkpoints_are_what_they_claim(checkpoints):
     assert all(a.kv_heads == 2 and a.heads == 6 for a in archs.values())
     assert archs["llama3.2"].tied_embeddings and "lm_head.weight" not in tensor_bytes(checkpoints["llama3.2"])
     assert archs["qwen2"].qkv_bias and "model.layers.0.self_attn.q_proj.bias" in tensor_bytes(checkpoints["qwen2"])
+    assert json.loads((checkpoints["mistral"] / "config.json").read_text())["sliding_window"] is None
     assert (checkpoints["mistral"] / "model.safetensors.index.json").is_file()
     assert len(list(checkpoints["mistral"].glob("*.safetensors"))) > 2
 
