@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from .architecture import Architecture, read_hf_config
+from .architecture import Architecture, ArchitectureError, read_hf_config
 from .models import canonical_name
 
 INDEX = "model.safetensors.index.json"
@@ -48,7 +48,10 @@ def tensor_files(folder: Path) -> dict[str, Path]:
 
 def check_architecture(folder: Path, arch: Architecture, preset: str) -> None:
     """The checkpoint's config.json must describe the architecture the run builds."""
-    theirs = read_hf_config(folder)
+    try:
+        theirs = read_hf_config(folder)
+    except ArchitectureError as exc:  # no config.json, or one this project cannot build
+        raise WeightsError(f"model.init_from: {exc}") from None
     differences = arch.differences(theirs) if arch.vocab else \
         [d for d in arch.differences(theirs) if not d.startswith("vocab:")]
     if differences:

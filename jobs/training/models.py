@@ -53,7 +53,10 @@ def init_weights(model: nn.Module, config: PretrainedConfig, device: torch.devic
     TP start from the same weights at any world size (on a given device type: CUDA and CPU
     generators differ). One matrix exists whole at a time (70B's largest: 1 GiB in fp32).
     """
-    model.to_empty(device=device)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    model.to_empty(device=device)  # gives each module a parameter of its own: a tied table comes apart
+    if tied:  # one table, as built (Llama 3.2 1B/3B); else the head would be drawn, and trained, on its own
+        model.lm_head.weight = model.model.embed_tokens.weight
     std = config.initializer_range
     for name, param in model.named_parameters():
         name = canonical_name(name)

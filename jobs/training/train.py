@@ -274,6 +274,8 @@ class Trainer:
         source = hf_weights.load(self.model, cfg.model.init_from, self.arch, cfg.model.preset)
         log.info("weights from %s: this rank read %.3g GB", cfg.model.init_from, source["bytes_read_by_rank"] / 1e9)
         self.ckpt.save(0, self.app_state(), wait=True, meta={"init_from": source})
+        # Saving built AdamW's state with one zero step (get_state_dict's initialization): start it afresh.
+        self.optimizer = build_optimizer(self.model, cfg.optim)
 
     def _resume(self) -> int:
         """Load the newest loadable checkpoint; the step to continue from (0: no checkpoint).
@@ -302,6 +304,8 @@ class Trainer:
             return 0
         state = loaded["state"]
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if int(state["step"]) == 0:  # model.init_from's step 0: its optimizer state is a placeholder, as above
+            self.optimizer = build_optimizer(self.model, self.cfg.optim)
         if loaded["same_world"]:
             mine = state[f"rank{self.d.rank}"]
             torch.set_rng_state(mine["rng"]["cpu"])
@@ -343,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg, d)
     # Bad input, or another job writing this model's checkpoints: exit 2, no requeue (docs/cli.md).
-    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable, CheckpointInUse) as exc:
+    except (ConfigError, DatasetError, CheckpointMismatch, NoRoomForCheckpoint, NothingLoadable, CheckpointInUse,
+            hf_weights.WeightsError) as exc:
         _report_user_error(str(exc))
         if d.is_main:
             return fail(exc)

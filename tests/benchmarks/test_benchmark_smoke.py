@@ -133,6 +133,32 @@ def test_replica_check_benchmark(tmp_path):
         assert row["check_s"] == pytest.approx(row["rank_bytes"] / (result["check_gb_per_s"] * 1e9))
 
 
+def test_hf_import_benchmark(tmp_path):
+    """Bytes per rank of a released checkpoint's import: measured on 4 gloo ranks = computed from the
+    placements; prod's models in their layouts, their import time the bytes read over the throughput."""
+    proc, result = run([sys.executable, "-m", "benchmarks.hf_import", "--hidden", "64"],
+                       tmp_path / "hf_import.json", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    layouts = result["measured"]["layouts"]
+    for row in layouts.values():
+        assert row["rank_ratios"] == row["computed_rank_ratios"] and positive(row["seconds"])
+        assert row["all_ranks_ratio"] == pytest.approx(sum(row["rank_ratios"]))
+    assert layouts["ddp"]["rank_ratios"] == [1.0] * 4
+    assert layouts["fsdp"]["all_ranks_ratio"] == pytest.approx(1.0)
+    assert all(0.24 < r < 0.26 for r in layouts["fsdp"]["rank_ratios"])
+    assert layouts["hsdp"]["all_ranks_ratio"] == pytest.approx(2.0)
+    assert 1 < layouts["fsdp_tp"]["all_ranks_ratio"] < 1.5  # the embedding and norms: whole on both TP ranks
+    models = {row["model"]: row for row in result["models"]}
+    assert sorted(models) == [f"model{i}" for i in range(1, 8)]
+    for row in models.values():
+        assert positive(row["checkpoint_bytes"], row["import_s"], row["throughput_mb_s"])
+        assert row["import_s"] == pytest.approx(row["all_ranks_ratio"] * row["checkpoint_bytes"]
+                                                / (row["throughput_mb_s"] * 1e6))
+    seventy = models["model7"]  # llama2-70b, FSDP 34 x TP 8
+    assert seventy["preset"] == "llama2-70b" and seventy["world_size"] == 272
+    assert seventy["max_rank_ratio"] < 2 / 272 and 1 <= seventy["all_ranks_ratio"] < 1.05
+
+
 def test_straggler_probe_benchmark(tmp_path):
     """The probe's noise on this CPU, few samples: the shares and the expected false reports are consistent."""
     proc, result = run([sys.executable, "-m", "benchmarks.straggler_probe", "--samples", "30"],
