@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 STEPS, INTERVAL = 40, 2
 RUN = (f"train.steps={STEPS}", "checkpoint.every=10", f"log.interval={INTERVAL}", "optim.warmup_steps=3",
-       "train.straggler_margin=1.0", "train.straggler_intervals=3", "train.watchdog_floor_s=60")
+       "train.straggler_margin=1.0", "train.straggler_intervals=3", "train.straggler_evict=true",
+       "train.watchdog_floor_s=60")  # the tiny recipe turns eviction off; on here, with a margin for shared cores
 SUBMITTED: list[TrainingJob] = []
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from conftest import SHORT
+from conftest import REPO, SHORT
 
 from local_cluster.cpu_limit import CpuLimit
 from tests.marks import needs_root
@@ -53,7 +53,8 @@ def test_the_probe_is_the_same_work_on_every_call():
 def test_a_rank_given_less_cpu_is_named_with_its_node_and_evicted_after_a_save(run, tiny_data, tmp_path, monkeypatch):
     # Margin and intervals with room for this machine's other work: a rank of an unlimited run measured
     # 227 % over the other for an interval on two cores shared with other tests; a limited rank is ~10x.
-    steps = ("train.steps=60", "log.interval=2", "train.straggler_margin=1.0", "train.straggler_intervals=3")
+    steps = ("train.steps=60", "log.interval=2", "train.straggler_margin=1.0", "train.straggler_intervals=3",
+             "train.straggler_evict=true")  # the tiny recipe reports only (shared cores)
     failure, shm = tmp_path / "FAILURE", tmp_path / "shm"
     shm.mkdir()
     # What jobs/train.sh and Slurm give the workers: where to say why, the job id the node's report is named for.
@@ -70,7 +71,7 @@ def test_a_rank_given_less_cpu_is_named_with_its_node_and_evicted_after_a_save(r
     assert f"straggler: rank {events[0]['rank']} on {socket.gethostname()}" in run.output
     lines = [r for r in run.records() if "loss" in r]
     assert all("slowest_rank" in r and "collective_wait_max_s" in r and "data_wait_max_s" in r for r in lines)
-    # Evicted (train.straggler_evict, on by default): saved at the step it was found, the node reported, exit non-zero.
+    # Evicted (train.straggler_evict): saved at the step it was found, the node reported, exit non-zero.
     step = events[0]["step"]
     assert code != 0 and step < 60, run.output[-3000:]
     [evict] = [r for r in run.records() if r.get("event") == "evict"]
@@ -97,6 +98,8 @@ def test_eviction_is_on_unless_turned_off(monkeypatch):
         monkeypatch.setenv(name, "/fsx/x")
     cfg = load_config(None, ["train.straggler_evict=false"])
     assert cfg.train.straggler_evict is False and load_config(None, []).train.straggler_evict is True
+    tiny = load_config(str(REPO / "jobs/training/configs/tiny.yaml"))  # CPUs on shared cores: reported only
+    assert tiny.train.straggler_evict is False
 
 
 def test_a_node_report_is_one_line_written_whole_and_only_under_slurm(tmp_path, monkeypatch):
