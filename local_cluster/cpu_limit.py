@@ -13,6 +13,7 @@ stands in, with the same share of every second. ``how`` says which one ran.
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -104,10 +105,15 @@ class CpuLimit:
                 (self._group.parent / "cgroup.procs").write_text(f"{pid}\n")
             except OSError:
                 pass
-        try:
-            self._group.rmdir()
-        except OSError:
-            pass
+        deadline = time.monotonic() + 10  # a process that was killed inside stays a member until it is reaped
+        while True:
+            try:
+                self._group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break  # left behind, empty once its last process is gone
+                time.sleep(0.2)
         self._group = None
 
     def stop(self) -> None:
