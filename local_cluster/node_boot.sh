@@ -6,8 +6,8 @@
 #   head node (this host)  OnNodeStart, then slurmctld starts, then OnNodeConfigured with the FSx
 #                          file systems mounted (in a private mount namespace: the host's mount table
 #                          stays as it was, so `down` has no mount to undo)
-#   node1..node3           in the node's own network + UTS + mount namespace: its hostname, /etc/hosts
-#                          and node-local disk, then OnNodeStart, the FSx mounts (SharedStorage), then
+#   node1..node3           in the node's own network + UTS + mount namespace: its hostname, /etc/hosts,
+#                          node-local disk and /dev/shm, then OnNodeStart, the FSx mounts (SharedStorage), then
 #                          OnNodeConfigured; slurmd starts only if both succeeded. Else the node is set
 #                          DOWN with the failing action and its last log line as the reason.
 # The local nodes are the gpu queue (both partitions span them), so they run its actions, with one
@@ -193,6 +193,9 @@ cmd_boot_node() {
   hostname "$node"
   mount --bind "$ETC/hosts.$node" /etc/hosts
   mount --bind "$NODE_DISKS/$node/local" "$NODE_LOCAL"
+  # Its own /dev/shm, as every instance has: where a job's ranks report their node to the epilog
+  # (node_scripts/slurm_health_hook.sh), which must not see the other nodes' reports.
+  mount -t tmpfs -o mode=1777,nosuid,nodev "lc-shm-$node" /dev/shm
   write_cfnconfig ComputeFleet
   run_action "$node" ComputeFleet OnNodeStart "$PLAN/$LOCAL_QUEUE.OnNodeStart" || exit 1
   mount_shared_storage

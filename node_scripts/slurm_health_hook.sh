@@ -25,6 +25,19 @@
 #       (operator, on the head node) the node's failures so far no longer count: back into service
 #       as it is, or with --replace set DOWN for ParallelCluster to replace its instance.
 #
+# A job's own evidence against a node (the trainer's straggler eviction, the replica sentinel's silent
+# data corruption suspect, docs/training.md): a job runs as its user and cannot drain nodes, so the
+# rank(s) on the suspect node write one line to the node-local marker
+#   $HEALTH_SUSPECT_DIR/llm-node-suspect.<job id>     (default /dev/shm: tmpfs, on this node only,
+#                                                      sticky and world-writable, empty after a reboot)
+# and the epilog, finding it, takes the node out through the same drain (and quarantine on a repeat)
+# as a failed check, with reason "job <id>: <the line>" (printable characters, 160 at most), instead of
+# running the check. It trusts the marker only as a regular file (not a link) owned by the job's user
+# (SLURM_JOB_UID) and named for this job: a job can report only a node it ran on, and one user's job
+# cannot report another's. It is first renamed into a fresh root-only folder (a rename never follows a
+# link, and the job can no longer swap what is read), then read and removed. The prolog removes a stale
+# marker of the job's id (a requeued job keeps its id).
+#
 # The check is pluggable: HEALTH_CHECK (a command; exit 0 = healthy, its last output line = the
 # reason), set in $HEALTH_CONF (default /opt/slurm/etc/llm/health.conf); default node_health.sh.
 set -euo pipefail
@@ -39,6 +52,7 @@ HEALTH_LOG="${HEALTH_LOG:-/var/log/parallelcluster/llm-node-health.log}"
 HEALTH_HISTORY="${HEALTH_HISTORY:-/fsx/logs/node-health/history.tsv}"
 HEALTH_QUARANTINE_AFTER="${HEALTH_QUARANTINE_AFTER:-2}"
 HEALTH_STATE_DIR="${HEALTH_STATE_DIR:-/run/llm-node-health}"  # node-local, per job: see prolog_failed below
+HEALTH_SUSPECT_DIR="${HEALTH_SUSPECT_DIR:-/dev/shm}"  # node-local: where a job's ranks report this node (above)
 # On Nitro instances (every GPU type here) the DMI asset tag is the instance id: no metadata call.
 INSTANCE_ID_FILE="${INSTANCE_ID_FILE:-/sys/devices/virtual/dmi/id/board_asset_tag}"
 
@@ -99,6 +113,56 @@ fi
 
 # Slurm runs the epilog of a job whose prolog failed too: a mark on the node, per job, makes that one failure.
 prolog_failed="$HEALTH_STATE_DIR/$node.${SLURM_JOB_ID:-none}.prolog-failed"
+suspect_marker="$HEALTH_SUSPECT_DIR/llm-node-suspect.${SLURM_JOB_ID:-none}"
+
+# The job's report on this node (header): its line, sanitized, on stdout; false where there is none to trust.
+job_report() {
+  local hold line owner
+  [[ -e $suspect_marker || -L $suspect_marker ]] || return 1
+  if [[ ! ${SLURM_JOB_ID:-} =~ ^[0-9]+$ || ! ${SLURM_JOB_UID:-} =~ ^[0-9]+$ ]]; then
+    log "ignored $suspect_marker: no job id or job user to check it against"
+    return 1
+  fi
+  hold="$(mktemp -d "$HEALTH_SUSPECT_DIR/.llm-node-suspect-epilog.XXXXXX")" || { log "cannot hold $suspect_marker"; return 1; }
+  if ! mv -T -- "$suspect_marker" "$hold/marker" 2>/dev/null; then
+    rm -rf -- "$hold"
+    return 1
+  fi
+  owner="$(stat -c %u -- "$hold/marker" 2>/dev/null || echo -)"
+  if [[ -L $hold/marker || ! -f $hold/marker || $owner != "$SLURM_JOB_UID" ]]; then
+    log "ignored $suspect_marker: not a regular file of the job's user (uid $SLURM_JOB_UID; owner $owner)"
+    rm -rf -- "$hold"
+    return 1
+  fi
+  line="$(head -c 4096 -- "$hold/marker" | head -n 1 | LC_ALL=C tr -d '\n' | LC_ALL=C tr -c '[:print:]' ' ' | tr '"' "'")"
+  rm -rf -- "$hold"
+  line="${line:0:160}"
+  echo "${line:-no reason given}"
+}
+
+# take_out REASON DETAIL: drain the node with REASON, or quarantine it (FAIL) with DETAIL on a repeat failure.
+take_out() {
+  local reason=$1 detail=$2 failed instance why
+  failed=$(($(failures "$node") + 1))
+  instance="$(instance_id)"
+  if ((HEALTH_QUARANTINE_AFTER > 0 && failed >= HEALTH_QUARANTINE_AFTER)); then
+    reason="quarantined, failure $failed since its last release (history $HEALTH_HISTORY): $detail"
+    why="$(record quarantine "$node" "$instance" "$reason" 2>&1)" || log "$why"
+    log "QUARANTINE (state FAIL): $reason"
+    scontrol update nodename="$node" state=fail reason="${reason:0:200}" || log "scontrol could not quarantine $node"
+  else
+    why="$(record drain "$node" "$instance" "$reason" 2>&1)" || log "$why"
+    log "DRAIN: $reason"
+    scontrol update nodename="$node" state=drain reason="${reason:0:200}" || log "scontrol could not drain $node"
+  fi
+}
+
+if [[ $context == prolog ]]; then
+  rm -f -- "$suspect_marker"  # a requeued job's report from an earlier run whose epilog never came
+elif [[ $context == epilog ]] && report="$(job_report)"; then
+  take_out "job ${SLURM_JOB_ID}: $report" "job ${SLURM_JOB_ID}: $report"
+  exit 0
+fi
 
 rc=0
 out="$(timeout "$HEALTH_TIMEOUT" "$HEALTH_CHECK" 2>&1)" || rc=$?
@@ -115,18 +179,7 @@ if [[ $context == epilog && -e $prolog_failed ]]; then
   log "failed again after this job's failed prolog, the node already out of service: $reason"
   exit 0
 fi
-failed=$(($(failures "$node") + 1))
-instance="$(instance_id)"
-if ((HEALTH_QUARANTINE_AFTER > 0 && failed >= HEALTH_QUARANTINE_AFTER)); then
-  reason="quarantined, failure $failed since its last release (history $HEALTH_HISTORY): ${detail:-exit $rc}"
-  why="$(record quarantine "$node" "$instance" "$reason" 2>&1)" || log "$why"
-  log "QUARANTINE (state FAIL): $reason"
-  scontrol update nodename="$node" state=fail reason="${reason:0:200}" || log "scontrol could not quarantine $node"
-else
-  why="$(record drain "$node" "$instance" "$reason" 2>&1)" || log "$why"
-  log "DRAIN: $reason"
-  scontrol update nodename="$node" state=drain reason="${reason:0:200}" || log "scontrol could not drain $node"
-fi
+take_out "$reason" "${detail:-exit $rc}"
 if [[ $context == prolog ]]; then
   mkdir -p "$HEALTH_STATE_DIR" && touch "$prolog_failed" || log "cannot mark $prolog_failed"
   exit 1

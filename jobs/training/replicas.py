@@ -11,7 +11,9 @@ each of its local parameter tensors (as integers, so the sum is exact and indepe
 the ranks holding copies compare the sums (one small all-gather of one integer per tensor). A
 mismatch names the parameter, the ranks and their nodes (the minority where three or more copies
 vote; both where two disagree) and stops the run before it saves, so every checkpoint on disk was
-verified at its own step: the requeued job resumes from ``latest`` on other nodes.
+verified at its own step (``latest`` is at or before the last agreeing step): the suspect ranks report
+their nodes to the epilog (training/node_suspect.py), which drains them, and the requeued job resumes
+from ``latest`` on other nodes.
 
 FSDP and FSDP x tensor parallel hold one copy of each shard: there is nothing to compare, and the
 sentinel says so once (a corruption there shows only as a loss spike or a non-finite loss).
@@ -31,7 +33,14 @@ _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class ReplicaMismatch(RuntimeError):
-    """Copies of the same parameters differ: silent data corruption on the named ranks' GPUs."""
+    """Copies of the same parameters differ: silent data corruption on the named ranks' GPUs.
+
+    ``suspects``: the global ranks whose copies are suspect (their nodes are reported to the epilog);
+    ``summary``: one short line for the node's drain reason."""
+
+    def __init__(self, message: str, suspects: tuple[int, ...] = (), summary: str = ""):
+        super().__init__(message)
+        self.suspects, self.summary = tuple(suspects), summary or message
 
 
 def parameter_sums(model: nn.Module) -> tuple[list[str], torch.Tensor]:
@@ -82,7 +91,9 @@ class Sentinel:
         raise ReplicaMismatch(
             f"replicas disagree after step {step} (last agreed at step {self.last_agreed}) in {params}; "
             f"suspect ({whose}): {ranks}. Silent data corruption: the run stops without saving and resumes from "
-            f"the last checkpoint, every one of which was checked at its step")
+            f"the last checkpoint, every one of which was checked at its step",
+            suspects=tuple(self.members[i][0] for i in suspects),
+            summary=f"replicas disagree after step {step} (agreed at {self.last_agreed}) in {params}; suspect ({whose})")
 
 
 def replica_group(parallelism: str, mesh, d: Dist) -> dist.ProcessGroup | None:

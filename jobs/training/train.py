@@ -26,7 +26,7 @@ from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from . import distributed, hf_weights, replicas, stragglers
+from . import distributed, hf_weights, node_suspect, replicas, stragglers
 from .checkpoint import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from .config import Config, ConfigError, config_keys, load_config
 from .determinism import set_determinism
@@ -64,6 +64,13 @@ def build(cfg: Config, model_config, d: distributed.Dist, mesh, *, mixed_precisi
     with allocating:
         init_weights(model, model_config, d.device, cfg.train.seed)
         return model, build_optimizer(model, cfg.optim)
+
+
+EVICTED = 1  # a worker's exit code after evicting a straggler's node: a failure, requeued by jobs/train.sh
+
+
+class NodeEvicted(RuntimeError):
+    """The run leaves a node it judged faulty (a straggler), after saving: it should resume elsewhere."""
 
 
 def keep_compile_cache(checkpoint_dir: str) -> None:
@@ -154,10 +161,13 @@ class Trainer:
             ckpt.poll()
             stopping = distributed.any_rank(self.stop.requested, d)
             last = self.step == cfg.train.steps or stopping
+            evict = None  # the straggler whose node this run leaves, after saving
             if self.step % cfg.log.interval == 0 or last:
                 ranks = self.rank_timing.interval(metrics.data_wait)
                 if ranks.new_straggler:
                     self.report_straggler(ranks)
+                    if cfg.train.straggler_evict and not last:
+                        evict = ranks
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item(), extra=ranks.fields())
             if self.evaluator and self.evaluator.due(self.step):
@@ -171,13 +181,15 @@ class Trainer:
             due = self.step % cfg.checkpoint.every == 0 or last
             if cfg.checkpoint.every_minutes and not due:  # on any rank's clock, so all ranks save together
                 due = distributed.any_rank(time.monotonic() - last_save >= 60 * cfg.checkpoint.every_minutes, d)
-            if self.sentinel and (due or self.step % cfg.train.replica_check_every == 0):
+            if self.sentinel and (due or evict or self.step % cfg.train.replica_check_every == 0):
                 self.check_replicas()  # before a save: no checkpoint holds disagreeing copies
-            if due:
-                with self.watchdog.allow(cfg.train.init_timeout_s):  # a final save is synchronous
-                    metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last,
+            if due or evict:
+                with self.watchdog.allow(cfg.train.init_timeout_s):  # a final save is synchronous, an eviction's too
+                    metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last or evict is not None,
                                                            meta=self.replica_meta()))
                 last_save = time.monotonic()
+            if evict:
+                self.evict(evict)
 
         with self.watchdog.allow(cfg.train.init_timeout_s):
             ckpt.close()
@@ -203,6 +215,29 @@ class Trainer:
                            excess_pct=round(100 * ranks.excess, 1), intervals=ranks.intervals_over,
                            margin_pct=100 * self.cfg.train.straggler_margin)
 
+    def evict(self, ranks: stragglers.Report) -> None:
+        """Leave the straggler's node: the checkpoint of this step is saved (by every rank, synchronously);
+        the straggler's rank reports its node to the epilog, which drains it; FAILURE says why, and every
+        rank exits non-zero, so jobs/train.sh requeues the job (a recovery, counted against the retry
+        budget: a run that finds a straggler on every allocation ends) and it resumes from this step."""
+        excess = f"{100 * ranks.excess:.0f} %"
+        why = (f"straggler: rank {ranks.slowest_rank} on {ranks.slowest_host} {excess} slower than the median of the "
+               f"other ranks for {ranks.intervals_over} log intervals (train.straggler_margin "
+               f"{self.cfg.train.straggler_margin:g}); saved step {self.step}, evicting the node")
+        if self.d.rank == ranks.slowest_rank:
+            node_suspect.report(why)
+        self.metrics.event(kind="evict", step=self.step, rank=ranks.slowest_rank, node=ranks.slowest_host,
+                           reason="straggler", excess_pct=round(100 * ranks.excess, 1))
+        if self.d.is_main:
+            log.error("%s: exiting for the job to be requeued on other nodes", why)
+            _report_failure(why)
+        distributed.any_rank(False, self.d)  # the report and FAILURE written before any rank exits (srun then ends all)
+        with self.watchdog.allow(self.cfg.train.init_timeout_s):
+            self.ckpt.close()
+        self.watchdog.close()
+        self.metrics.close()
+        raise NodeEvicted(why)
+
     def check_replicas(self) -> None:
         """The sentinel's check on every rank; all ranks stop together if any group's copies disagree."""
         try:
@@ -212,6 +247,11 @@ class Trainer:
             mismatch = exc
         if not distributed.any_rank(mismatch is not None, self.d):
             return
+        if mismatch is not None and self.d.rank in mismatch.suspects:
+            # No save: this state is suspect; the requeued job resumes from `latest`, saved at or before
+            # the last step the copies agreed at (every save is preceded by a check).
+            node_suspect.report(f"sdc: rank {self.d.rank}: {mismatch.summary}")
+        distributed.any_rank(False, self.d)  # every suspect's report written before any rank exits
         if mismatch is None:
             raise replicas.ReplicaMismatch(f"another group's replicas disagree after step {self.step}: stopping with them")
         log.error("%s", mismatch)
@@ -354,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             return fail(exc)
         log.error("%s", exc)
         return 2
+    except NodeEvicted:  # already said why, saved and closed everything: exit non-zero for jobs/train.sh to requeue
+        logging.shutdown()
+        os._exit(EVICTED)
     except Exception:  # an infrastructure failure (a peer died, a collective timed out): leave at once,
         log.exception("training failed")  # an orderly exit can wait on the dead peer or on loader workers
         logging.shutdown()

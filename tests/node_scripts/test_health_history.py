@@ -163,3 +163,86 @@ def test_a_requeued_job_failing_again_on_the_same_node_is_a_new_failure(hook):
     hook.run("--release", "gpu-st-p5e-3", "replaced", node="head")
     hook.run(job="77", context="prolog")  # its prolog fails again after a release: a new failure, not the old one
     assert [line[3] for line in hook.lines()][-3:] == ["drain", "release", "drain"]
+
+
+# --- a job's own report on a node (node-local marker, read by the epilog) -----------------------------
+
+class Suspect:
+    """The marker a job's rank writes on its node (training/node_suspect.py); the hook reads it as root."""
+
+    def __init__(self, hook: Hook):
+        self.hook, self.dir = hook, hook.root / "shm"
+        self.dir.mkdir(mode=0o1777)
+
+    def marker(self, job="77") -> Path:
+        return self.dir / f"llm-node-suspect.{job}"
+
+    def run(self, *, job="77", context="epilog", uid: int | None = None, **env: str) -> subprocess.CompletedProcess:
+        (self.hook.root / "healthy").touch()  # the check itself passes: only the job's word takes the node out
+        return self.hook.run(job=job, context=context, HEALTH_SUSPECT_DIR=str(self.dir),
+                             SLURM_JOB_UID=str(os.getuid() if uid is None else uid), **env)
+
+
+@pytest.fixture
+def suspect(hook) -> Suspect:
+    return Suspect(hook)
+
+
+def test_a_jobs_report_drains_its_node_with_the_jobs_reason_into_the_history_then_quarantines(hook, suspect):
+    suspect.marker().write_text("straggler: rank 3 on gpu-st-p5e-3 62 % slower than the median for 3 log intervals\n")
+    assert suspect.run().returncode == 0
+    reason = "job 77: straggler: rank 3 on gpu-st-p5e-3 62 % slower than the median for 3 log intervals"
+    assert hook.calls() == [f"update nodename=gpu-st-p5e-3 state=drain reason={reason}"]
+    [line] = hook.lines()
+    assert (line[1], line[3], line[4], line[5]) == ("gpu-st-p5e-3", "drain", "77", reason)
+    assert not suspect.marker().exists() and not list(suspect.dir.iterdir())  # read, removed, nothing left behind
+    # The same node reported again (another job, after the requeue landed on it): quarantined, as a repeated check failure.
+    suspect.marker("78").write_text("sdc: replicas disagree after step 40\n")
+    suspect.run(job="78")
+    assert hook.calls()[-1].startswith("update nodename=gpu-st-p5e-3 state=fail reason=quarantined, failure 2")
+    assert hook.calls()[-1].endswith(": job 78: sdc: replicas disagree after step 40")
+    assert [line[3] for line in hook.lines()] == ["drain", "quarantine"]
+
+
+def test_no_report_and_a_healthy_check_leave_the_node_alone(hook, suspect):
+    assert suspect.run().returncode == 0 and hook.calls() == []
+
+
+def test_a_report_is_one_printable_line_of_bounded_length(hook, suspect):
+    suspect.marker().write_text('straggler:\t"rank 1"\x1b[31m ' + "x" * 500 + "\nscontrol update nodename=other\n")
+    suspect.run()
+    [call] = hook.calls()
+    reason = call.split(" reason=", 1)[1]
+    assert reason.startswith("job 77: straggler: 'rank 1' [31m xxx") and len(reason) == len("job 77: ") + 160
+    assert "other" not in call and len(hook.lines()[0]) == 6
+
+
+@pytest.mark.parametrize("planted", ["another job's", "another user's", "a link", "a folder"])
+def test_a_report_the_epilog_cannot_trust_is_ignored_and_follows_nothing(hook, suspect, tmp_path, planted):
+    victim = tmp_path / "victim"
+    victim.write_text("root's secret\n")
+    uid = None
+    if planted == "another job's":
+        suspect.marker("76").write_text("straggler: rank 0\n")  # job 76's report: not this job's to make
+    elif planted == "another user's":
+        suspect.marker().write_text("straggler: rank 0\n")
+        uid = os.getuid() + 1  # the job runs as another user than the file's owner
+    elif planted == "a link":  # read through it, root would put any file's first line into the reason
+        suspect.marker().symlink_to(victim)
+    else:
+        suspect.marker().mkdir()
+    assert suspect.run(uid=uid).returncode == 0
+    assert hook.calls() == [] and not hook.history.exists()
+    assert victim.read_text() == "root's secret\n"
+    if planted != "another job's":
+        assert "ignored" in (hook.root / "health.log").read_text()
+        assert not suspect.marker().exists() and not list(suspect.dir.glob(".llm-node-suspect-epilog.*"))
+
+
+def test_the_prolog_removes_a_stale_report_of_the_same_job_id(hook, suspect):
+    # A requeued job keeps its id: a report its earlier run left (the node rebooted before the epilog) is not its own.
+    suspect.marker().write_text("straggler: rank 0\n")
+    assert suspect.run(context="prolog").returncode == 0
+    assert not suspect.marker().exists()
+    suspect.run(context="epilog")
+    assert hook.calls() == []

@@ -61,12 +61,18 @@ def test_corrupted_ddp_rank_stops_the_run_before_it_saves_and_the_rerun_continue
     assert rerun.losses() == reference_losses  # steps 5-6 again, then on as if nothing had happened
 
 
-def test_three_copies_agreeing_name_the_fourth(run, tiny_data):
+def test_three_copies_agreeing_name_the_fourth(run, tiny_data, monkeypatch, tmp_path):
     """DDP on 4 ranks: the majority's sums are the right ones; only the corrupted rank is named."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # the suspect rank reports its node to the epilog under the job's id
+    monkeypatch.setenv("NODE_SUSPECT_DIR", str(tmp_path))
     assert run.run(tiny_data, *SHORT, "train.replica_check_every=2", nproc=4, program=fault(2, 1)) != 0
     assert f"suspect (the minority): rank 2 on {HOST}." in run.output, run.output[-3000:]
     assert "replicas disagree after step 2 (last agreed at step -1)" in run.output
     assert not list(run.checkpoints.glob("step_*"))
+    # Only rank 2 wrote it (the others' copies agree): the epilog drains that rank's node with this line.
+    assert (tmp_path / "llm-node-suspect.4242").read_text() == (
+        "sdc: rank 2: replicas disagree after step 2 (agreed at -1) in module.model.embed_tokens.weight; "
+        "suspect (the minority)\n")
 
 
 def test_hsdp_compares_each_shard_with_its_replica_and_every_rank_stops(run, tiny_data):
