@@ -134,7 +134,7 @@ job_report() {
     rm -rf -- "$hold"
     return 1
   fi
-  line="$(head -c 4096 -- "$hold/marker" | head -n 1 | LC_ALL=C tr -d '\n' | LC_ALL=C tr -c '[:print:]' ' ' | tr '"' "'")"
+  line="$(head -c 4096 -- "$hold/marker" | sed -n 1p | LC_ALL=C tr -d '\n' | LC_ALL=C tr -c '[:print:]' ' ' | tr '"' "'")"
   rm -rf -- "$hold"
   line="${line:0:160}"
   echo "${line:-no reason given}"
