@@ -26,7 +26,7 @@ import math
 
 from training.sizing import checkpoint_bytes  # the training code's checkpoint size, torch-free
 
-from cluster_config.model_configs import architecture, model_config, vocabulary
+from cluster_config.model_configs import architecture
 from cluster_config.settings import Settings, SettingsError
 
 MIN_USR1_LEAD_S = 600  # --signal=USR1@<lead> at least 10 minutes before a time limit (jobs/train.sh)
@@ -38,8 +38,10 @@ UNKILLABLE_STEP_TIMEOUT_S = 180
 
 def save_seconds(settings: Settings) -> float:
     """Seconds one save of every planned model takes when all save at once: their checkpoint bytes
-    together / the checkpoint file system's throughput."""
-    total = sum(checkpoint_bytes(architecture(settings, m), vocabulary(settings, m, model_config(settings, m)))
+    together / the checkpoint file system's throughput. The vocabulary: the architecture's where its config.json
+    fixes it, else plan.vocab_size (not the training config's, whose batch checks need the model's final
+    size: the cluster config is rendered, and this lead set, for model lists the plan has yet to check)."""
+    total = sum(checkpoint_bytes(arch := architecture(settings, m), arch.vocab or settings.plan.vocab_size)
                 for m in settings.models)
     return total / (settings.storage.checkpoints.throughput_mb_s * 1e6)
 

@@ -133,10 +133,11 @@ class TrainConfig(_Section):
                                     "each log interval: training/stragglers.py) is this much over the median is slow")
     straggler_intervals: int = Field(5, gt=0, description="log intervals in a row the same rank must be slow to be "
                                      "reported as a straggler (a straggler event and a warning naming rank and node)")
-    straggler_evict: bool = Field(True, description="a reported straggler's node is taken out: every rank saves a "
-                                  "checkpoint, the straggler's node is reported to the epilog (drained with the "
-                                  "evidence, training/node_suspect.py) and the run exits to be requeued onto other "
-                                  "nodes, counting against the retry budget; false: reported only")
+    straggler_evict: Optional[bool] = Field(
+        None, description="a reported straggler's node is taken out: every rank saves a checkpoint, the straggler's "
+        "node is reported to the epilog (drained with the evidence, training/node_suspect.py) and the run exits to be "
+        "requeued onto other nodes, counting against the retry budget; false: reported only. Default: on GPU (the "
+        "margin comes from a GPU's measured noise), off on CPU (ranks sharing cores fall far behind with nothing wrong)")
     replica_check_every: int = Field(50, ge=0, description="DDP and HSDP: every n steps and before every checkpoint, "
                                      "the copies of each parameter compare their bits (training/replicas.py): silent "
                                      "data corruption stops the run before it saves; 0: off")

@@ -166,7 +166,8 @@ class Trainer:
                 ranks = self.rank_timing.interval(metrics.data_wait)
                 if ranks.new_straggler:
                     self.report_straggler(ranks)
-                    if cfg.train.straggler_evict and not last:
+                    evicting = cfg.train.straggler_evict if cfg.train.straggler_evict is not None else d.on_gpu
+                    if evicting and not last:
                         evict = ranks
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item(), extra=ranks.fields())
