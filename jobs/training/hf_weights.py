@@ -82,12 +82,12 @@ def load(model: nn.Module, folder: str | Path, arch: Architecture, preset: str) 
     with torch.no_grad():
         for name, p in params.items():
             slice_ = handles[files[name]].get_slice(name)
-            local = p.to_local() if isinstance(p, DTensor) else p
-            if isinstance(p, DTensor):
+            if isinstance(p, DTensor):  # this rank's block of the global tensor, as DTensor's placements cut it
+                local = p.to_local()
                 shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
                 part = slice_[tuple(slice(o, o + n) for o, n in zip(offset, shape))] if all(shape) else None
             else:
-                part = slice_[:]
+                local, part = p, slice_[:]
             if part is not None:
                 local.copy_(part.reshape(local.shape))
                 read += part.numel() * part.element_size()

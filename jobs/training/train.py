@@ -131,6 +131,8 @@ class Trainer:
                 self.start_from_released_weights()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
         hosts = distributed.hostnames(d)
+        # Unset: on GPU only (the margin is a GPU's measured noise; CPU ranks sharing cores fall behind unprompted).
+        self.evict_stragglers = cfg.train.straggler_evict if cfg.train.straggler_evict is not None else d.on_gpu
         self.rank_timing = stragglers.RankTiming(d, hosts, margin=cfg.train.straggler_margin,
                                                  intervals=cfg.train.straggler_intervals)
         self.sentinel = None
@@ -166,8 +168,7 @@ class Trainer:
                 ranks = self.rank_timing.interval(metrics.data_wait)
                 if ranks.new_straggler:
                     self.report_straggler(ranks)
-                    evicting = cfg.train.straggler_evict if cfg.train.straggler_evict is not None else d.on_gpu
-                    if evicting and not last:
+                    if self.evict_stragglers and not last:
                         evict = ranks
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item(), extra=ranks.fields())
