@@ -114,3 +114,9 @@ class RankTiming:
         dist.all_gather(rows, mine, group=self.d.control_group)
         return self.detector.update([r[0].item() for r in rows], [r[1].item() for r in rows],
                                     [r[2].item() for r in rows])
+
+
+def evicts(setting: bool | None, *, on_gpu: bool) -> bool:
+    """train.straggler_evict, unset: on GPU only (the margin is a GPU's measured noise; CPU ranks sharing
+    cores with other work fall far behind with nothing wrong)."""
+    return on_gpu if setting is None else setting

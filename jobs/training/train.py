@@ -131,8 +131,7 @@ class Trainer:
                 self.start_from_released_weights()
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
         hosts = distributed.hostnames(d)
-        # Unset: on GPU only (the margin is a GPU's measured noise; CPU ranks sharing cores fall behind unprompted).
-        self.evict_stragglers = cfg.train.straggler_evict if cfg.train.straggler_evict is not None else d.on_gpu
+        self.evict_stragglers = stragglers.evicts(cfg.train.straggler_evict, on_gpu=d.on_gpu)
         self.rank_timing = stragglers.RankTiming(d, hosts, margin=cfg.train.straggler_margin,
                                                  intervals=cfg.train.straggler_intervals)
         self.sentinel = None

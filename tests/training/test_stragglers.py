@@ -102,6 +102,9 @@ def test_eviction_is_on_gpu_unless_set(monkeypatch):
     # far behind with nothing wrong).
     assert load_config(None, []).train.straggler_evict is None
     assert load_config(str(REPO / "jobs/training/configs/tiny.yaml")).train.straggler_evict is None
+    from training.stragglers import evicts
+    assert evicts(None, on_gpu=True) and not evicts(None, on_gpu=False)
+    assert evicts(True, on_gpu=False) and not evicts(False, on_gpu=True)
 
 
 def test_a_node_report_is_one_line_written_whole_and_only_under_slurm(tmp_path, monkeypatch):
