@@ -196,13 +196,15 @@ def loss_parallel(train):
 
 
 def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
-                mixed_precision: bool | None = None, compile: bool | None = None) -> nn.Module:
+                mixed_precision: bool | None = None, compile: bool | None = None, init_sync: bool = True) -> nn.Module:
     """Apply tensor parallelism, activation checkpointing, torch.compile, then FSDP2/HSDP or DDP.
 
     torchtitan's order. Call on the meta-device model for FSDP/HSDP (then ``init_weights``); DDP
     wants the initialized model. ``mixed_precision`` (default: on GPU) gives FSDP bf16 parameters
     and compute with fp32 gradient reduction; the dry run forces it on to model the GPU job.
     ``compile`` (default: ``train.compile``, else on GPU only) compiles each decoder layer.
+    ``init_sync``: DDP checks every rank's parameter shapes and broadcasts rank 0's values (the dry
+    run's parameters have no values to read).
     """
     mixed_precision = d.on_gpu if mixed_precision is None else mixed_precision
     compile = (train.compile if train.compile is not None else d.on_gpu) if compile is None else compile
@@ -222,7 +224,7 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
         if train.activation_checkpointing and i % train.activation_checkpointing_every == 0:
             layers[i] = checkpoint_wrapper(layer)
     if train.parallelism == "ddp":
-        return DistributedDataParallel(model, device_ids=[d.device.index] if d.on_gpu else None)
+        return DistributedDataParallel(model, device_ids=[d.device.index] if d.on_gpu else None, init_sync=init_sync)
     dp_mesh = mesh["dp_replicate", "dp_shard"] if train.parallelism == "hsdp" else mesh["dp_shard"]
     kwargs = {"mesh": dp_mesh}
     if mixed_precision:

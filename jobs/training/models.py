@@ -53,10 +53,7 @@ def init_weights(model: nn.Module, config: PretrainedConfig, device: torch.devic
     TP start from the same weights at any world size (on a given device type: CUDA and CPU
     generators differ). One matrix exists whole at a time (70B's largest: 1 GiB in fp32).
     """
-    tied = model.lm_head.weight is model.model.embed_tokens.weight
-    model.to_empty(device=device)  # gives each module a parameter of its own: a tied table comes apart
-    if tied:  # one table, as built (Llama 3.2 1B/3B); else the head would be drawn, and trained, on its own
-        model.lm_head.weight = model.model.embed_tokens.weight
+    allocate(model, config, device)
     std = config.initializer_range
     for name, param in model.named_parameters():
         name = canonical_name(name)
@@ -65,6 +62,15 @@ def init_weights(model: nn.Module, config: PretrainedConfig, device: torch.devic
             continue
         sigma = std / math.sqrt(2 * config.num_hidden_layers) if name.endswith(RESIDUAL_OUTPUTS) else std
         _normal_by_name(param, sigma, seed, name)
+
+
+def allocate(model: nn.Module, config: PretrainedConfig, device: torch.device) -> None:
+    """Storage on ``device`` for a model built on the meta device, values undefined (``init_weights`` or a
+    checkpoint fills them; the dry run, in fake tensors, needs no values)."""
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    model.to_empty(device=device)  # gives each module a parameter of its own: a tied table comes apart
+    if tied:  # one table, as built (Llama 3.2 1B/3B); else the head would be drawn, and trained, on its own
+        model.lm_head.weight = model.model.embed_tokens.weight
     # Rotary frequencies are a computed buffer, left as garbage by to_empty: compute them again.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config).to(device)
 

@@ -70,15 +70,29 @@ def test_production_estimates_agree_with_the_analytic_model(production_reports):
 
 @pytest.mark.parametrize("overrides", [
     ["train.parallelism=fsdp", "train.micro_batch_size=8"],  # tiny: 4 micro-batches
+    ["train.parallelism=ddp", "train.micro_batch_size=8"],
     ["train.parallelism=fsdp", *SMALL],
     ["train.parallelism=fsdp", "train.activation_checkpointing=true", *SMALL],
-], ids=["tiny", "small", "small-activation-checkpointing"])
+], ids=["tiny", "tiny-ddp", "small", "small-activation-checkpointing"])
 def test_cpu_estimate_is_within_15_percent_of_measured_memory(overrides):
     """The same config run for real on one CPU process (fp32), its allocator traced by the profiler."""
     vocab = 512 if "model.preset=small" not in overrides else DEFAULT_VOCAB
     measured = measure_cpu(CONFIGS / "tiny.yaml", overrides, vocab_size=vocab)
     estimated = dry_run(load_model_config(CONFIGS / "tiny.yaml", overrides), 1, vocab_size=vocab, gpu=False)
     assert abs(estimated.peak_bytes / measured - 1) <= 0.15, (estimated.summary(), measured / 2**20)
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_the_peak_only_tracker_gives_torchs_peak_to_the_byte(parallelism, monkeypatch):
+    """The dry run keeps the device's peak only (training.dry_run._peak_only); torch's own trackers,
+    which also keep each module's, must give the same bytes in every category."""
+    import training.dry_run as module
+
+    cfg = load_model_config(CONFIGS / "tiny.yaml", [f"train.parallelism={parallelism}", "train.micro_batch_size=8"])
+    fast = dry_run(cfg, 2, vocab_size=512)
+    monkeypatch.setattr(module, "_peak_only", lambda tracker: tracker)
+    torchs = dry_run(cfg, 2, vocab_size=512)
+    assert fast.categories == torchs.categories and fast.peak_bytes == torchs.peak_bytes > 0
 
 
 def test_deferred_gradient_reduction_holds_unsharded_fp32_gradients():
