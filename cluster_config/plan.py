@@ -17,6 +17,8 @@ and works out:
 - checkpoint size, how long one save takes at the checkpoint file system's throughput, and how far
   apart saves are; for the cluster, the space every model's checkpoints take at their peak (the
   ``checkpoint.keep`` complete ones + one being written) against the checkpoint file system;
+- the datasets' shards (one pass of each model's tokens, once per dataset folder) and their raw text
+  against the data file system (docs/data_pipeline.md, Space on /fsx/data);
 - goodput (``cluster_config/goodput.py``): expected node failures over its run, the time each costs
   (recovery, rework since the last checkpoint, waiting for a replacement node when no spare is
   free), its ETTR and the days to finish with failures (these days are the ones checked against
@@ -25,7 +27,7 @@ and works out:
 
 ``spares_alternative`` re-sizes the models around N spare nodes (``plan --spares N``).
 
-A model that does not fit in GPU memory and checkpoints that overflow the file system are errors
+A model that does not fit in GPU memory and checkpoints or shards that overflow their file system are errors
 (synth stops: ``stacks/app.py``), as is a model entry whose training config does not validate (a
 global batch that does not divide, a bad override); a late model and an under-provisioned data file
 system are warnings. Each comes with the fix.
@@ -90,6 +92,23 @@ def read_measured(path: Path) -> Measured:
     return measured
 
 
+# Raw text per token, for the space a corpus takes on the data file system while it is tokenized: about 4
+# characters of English per token for Llama-family BPE tokenizers, 1 byte each in UTF-8 (more for other
+# scripts). Tar headers add 0.05 % to the shards (data_pipeline/shards.py).
+RAW_TEXT_BYTES_PER_TOKEN = 4.0
+
+
+def _bytes(size: float) -> str:
+    if size >= TIB / 10:
+        return f"{size / TIB:.2f} TiB"
+    return f"{size / GIB:.1f} GiB" if size >= GIB / 10 else f"{size / 2**20:.1f} MiB"
+
+
+def token_bytes(vocab_size: int) -> int:
+    """Bytes per token in a shard: uint16 where the vocabulary fits, else uint32 (data_pipeline/shards.py)."""
+    return 2 if vocab_size <= 2**16 else 4
+
+
 class PlanError(SettingsError):
     """The plan cannot run: a model does not fit in GPU memory, or checkpoints overflow their file system."""
 
@@ -112,6 +131,8 @@ class ModelRow:
     memory: dict[str, float] = field(default_factory=dict)  # GiB per GPU by category, and "total"
     checkpoint_bytes: float = 0.0
     checkpoints_kept: int = 0  # checkpoint.keep + 1 in flight
+    dataset: str = ""  # its token shards' folder under the data file system
+    token_bytes: int = 2  # per token in its shards
     save_s: float = 0.0
     checkpoint_every_h: float = 0.0  # every checkpoint.every steps, or sooner after checkpoint.every_minutes
     goodput: Goodput | None = None  # failures and what they cost; None without GPU figures (no days)
@@ -137,6 +158,7 @@ class Plan:
     deadline_days: float | None = None
     usable_gib: float = 0.0
     checkpoint_capacity_bytes: float = 0.0
+    data_capacity_bytes: float = 0.0
     errors: tuple[str, ...] = ()
     measured: Measured | None = None  # the acceptance report the MFU and memory were scaled by
     warnings: tuple[str, ...] = ()
@@ -172,6 +194,26 @@ class Plan:
     @property
     def checkpoint_need_bytes(self) -> float:
         return sum(row.checkpoint_bytes * row.checkpoints_kept for row in self.rows)
+
+    @property
+    def dataset_tokens(self) -> dict[str, tuple[float, int]]:
+        """Tokens and bytes per token of each dataset folder, one pass of its model's tokens: models naming
+        the same folder share it (the settings make them tokenize it alike), and it holds the larger pass."""
+        datasets: dict[str, tuple[float, int]] = {}
+        for row in self.rows:
+            tokens = max(datasets.get(row.dataset, (0.0, 0))[0], row.tokens)
+            datasets[row.dataset] = (tokens, row.token_bytes)
+        return datasets
+
+    @property
+    def data_need_bytes(self) -> float:
+        """The shards of every dataset."""
+        return sum(tokens * size for tokens, size in self.dataset_tokens.values())
+
+    @property
+    def raw_text_bytes(self) -> float:
+        """The datasets' raw text, while it is on the data file system to be tokenized."""
+        return sum(tokens for tokens, _ in self.dataset_tokens.values()) * RAW_TEXT_BYTES_PER_TOKEN
 
     @property
     def storage_under_provisioned(self) -> bool:
@@ -244,6 +286,7 @@ def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
         throughput_mb_s={key: fs.throughput_mb_s for key, fs in file_systems.items()},
         gpu=gpu, mfu=assume.mfu, deadline_days=assume.deadline_days, usable_gib=usable_gib,
         checkpoint_capacity_bytes=ckpt_fs.storage_capacity_gib * GIB, measured=measured,
+        data_capacity_bytes=file_systems["data"].storage_capacity_gib * GIB,
         assume=settings.goodput, spare_nodes=queue.spare_nodes, mean_nodes_down=down,
         p_no_spare=p_no_spare(down, queue.spare_nodes), capacity_end=queue.capacity_end,
         alert_delivery=monitoring_cost(settings),
@@ -262,6 +305,14 @@ def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
             f"{need / TIB:.2f} TiB, the file system has {capacity / TIB:.2f} TiB; raise "
             f"storage.checkpoints.storage_capacity_gib to {_fsx_size_gib(need)} or lower checkpoint.keep "
             "of the largest models (their checkpoints are exported to S3 as they are written)")
+    data_fs = file_systems["data"]
+    need, capacity = plan.data_need_bytes, plan.data_capacity_bytes
+    if need > capacity:
+        errors.append(
+            f"datasets overflow {data_fs.mount_dir}: one pass of each model's tokens is {need / TIB:.2f} TiB of shards "
+            f"({len(plan.dataset_tokens)} datasets), the file system has {capacity / TIB:.2f} TiB; raise "
+            f"storage.data.storage_capacity_gib to {_fsx_size_gib(need + plan.raw_text_bytes)} (the shards and the "
+            "raw text being tokenized), or let models with the same tokenizer and seq_len share a dataset")
     if plan.storage_under_provisioned:
         warnings.append(
             "the data file system is under-provisioned for a full-size run; raise "
@@ -283,7 +334,8 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     tokens = steps * batch * seq_len
     flops = tokens * preset.flops_per_token(vocab, seq_len)
     row = dict(base, steps=steps, global_batch_size=batch, parameters=preset.parameters(vocab), tokens=tokens, flops=flops,
-               checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=ckpt.keep + 1)
+               checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=ckpt.keep + 1,
+               dataset=model.dataset, token_bytes=token_bytes(vocab))
     row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
     if gpu is None:
         return ModelRow(**row), errors, warnings
@@ -504,6 +556,17 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  checkpoints at peak (keep + 1 in flight, every model): {need / TIB:.2f} TiB of "
                      f"{capacity / TIB:.2f} TiB ({need / capacity:.0%}); save times at "
                      f"{plan.throughput_mb_s['checkpoints']:,.0f} MB/s, one model saving at a time")
+    need, capacity = plan.data_need_bytes, plan.data_capacity_bytes
+    if capacity and need:
+        raw = plan.raw_text_bytes
+        folders = len(plan.dataset_tokens)
+        lines.append(f"  datasets, one pass of each model's tokens: {_bytes(need)} of shards in {folders} "
+                     f"folder{'s' if folders > 1 else ''}, of {_bytes(capacity)} ({need / capacity:.0%}); their raw "
+                     f"text is ~{_bytes(raw)} more at {RAW_TEXT_BYTES_PER_TOKEN:.0f} bytes per token")
+        if need + raw > capacity:
+            lines.append("  NOTE: the shards and all the raw text do not fit on the data file system together: "
+                         "tokenize one model's corpus at a time and delete its raw files from it once uploaded "
+                         "(docs/data_pipeline.md, Space on /fsx/data)")
     if plan.alert_delivery:
         lines.append(f"  {plan.alert_delivery.summary()}")
     lines.append(

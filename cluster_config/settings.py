@@ -708,6 +708,15 @@ class Settings(_Strict):
         names = [model.name for model in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"models: names must be unique, got {names}")
+        by_dataset: dict[str, ModelPlan] = {}
+        for model in self.models:  # one dataset, one tokenization: else one model's preprocess rewrites the other's
+            first = by_dataset.setdefault(model.dataset, model)
+            if (first.tokenizer, first.seq_len) != (model.tokenizer, model.seq_len):
+                raise ValueError(
+                    f"models: {first.name} and {model.name} share dataset {model.dataset} but tokenize it differently "
+                    f"({first.tokenizer} at seq_len {first.seq_len}, {model.tokenizer} at {model.seq_len}): preprocessing "
+                    "one would rewrite the shards the other trains on; give each its own dataset, or both the same "
+                    "tokenizer and seq_len")
         offered = check_offered(self.region, {
             "head_node.instance_type": self.head_node.instance_type,
             "gpu_queue.instance_type": self.gpu_queue.instance_type,

@@ -359,3 +359,44 @@ def test_the_planner_reads_architectures_without_torch():
             "from training.presets import resolve; resolve('llama3.1-70b'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_plan_counts_each_datasets_shards_and_its_raw_text_against_the_data_file_system():
+    from data_pipeline.shards import token_dtype_name
+
+    plan = build_plan(load_settings("prod"))
+    # one pass of each model's tokens as uint16 (32,000 ids): steps x global batch x seq_len x 2 bytes
+    passes = {"model1": 72000 * 1024, "model2": 72000 * 1024, "model3": 60000 * 1120, "model4": 60000 * 1120,
+              "model5": 72000 * 1152, "model6": 72000 * 1152, "model7": 50000 * 1088}
+    assert plan.data_need_bytes == sum(sequences * 4096 * 2 for sequences in passes.values())
+    assert plan.data_need_bytes / 2**40 == pytest.approx(3.74, abs=0.005)
+    assert plan.data_capacity_bytes == 7200 * 2**30 and plan.errors == ()
+    text = format_plan(plan)
+    assert "datasets, one pass of each model's tokens: 3.74 TiB of shards in 7 folders, of 7.03 TiB (53%)" in text
+    assert "NOTE: the shards and all the raw text do not fit on the data file system together" in text  # +7.48 TiB
+    # the shards' dtype is the tokenizer's: uint16 up to 65,536 ids, else uint32
+    from cluster_config.plan import token_bytes
+    for vocab in (32000, 65536, 65537, 128256):
+        assert token_bytes(vocab) == {"uint16": 2, "uint32": 4}[token_dtype_name(vocab)]
+
+
+def test_models_sharing_a_dataset_count_it_once_and_must_tokenize_it_alike(tmp_path, write_env):
+    raw = prod_raw()
+    raw["models"][1]["dataset"] = raw["models"][0]["dataset"]  # model2 trains on model1's shards
+    plan = build_plan(load_settings("prod", write_env(tmp_path / "shared", "prod", models=raw["models"])))
+    assert len(plan.dataset_tokens) == 6
+    assert plan.data_need_bytes == build_plan(load_settings("prod")).data_need_bytes - 72000 * 1024 * 4096 * 2
+    raw["models"][1]["seq_len"] = 2048
+    with pytest.raises(SettingsError, match=r"models: model1 and model2 share dataset tokenized/model1 but tokenize it "
+                                            r"differently \(tokenizers/llama2 at seq_len 4096, tokenizers/llama2 at "
+                                            r"2048\): preprocessing one would rewrite the shards the other trains on"):
+        load_settings("prod", write_env(tmp_path / "apart", "prod", models=raw["models"]))
+
+
+def test_datasets_that_overflow_the_data_file_system_fail_at_synth_with_the_size_to_use(tmp_path, write_env):
+    raw = prod_raw()
+    raw["storage"]["data"]["storage_capacity_gib"] = 2400
+    with pytest.raises(PlanError, match=r"datasets overflow /fsx/data: one pass of each model's tokens is 3.74 TiB of "
+                                        r"shards \(7 datasets\), the file system has 2.34 TiB; raise "
+                                        r"storage.data.storage_capacity_gib to 12000 \(the shards and the raw text"):
+        check_plan(load_settings("prod", write_env(tmp_path, "prod", storage=raw["storage"])))
