@@ -15,6 +15,9 @@
                            deploy it into an emulated account and run ParallelCluster's validators and
                            update checks (cluster_config/emulated; --schema-only skips that)
   fsx-expected --env prod  print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh (provisioned MB/s per mount)
+  teardown-check --env prod [--endpoint-url URL]
+                           before cdk destroy (make destroy runs it): the ParallelCluster cluster must be
+                           deleted and the accounting database unprotected; each problem with its command
   update-check --env prod --from OLD.yaml
                            would ParallelCluster accept going from OLD.yaml's settings to the current ones
                            on the running cluster? (e.g. OLD.yaml from `git show HEAD:cluster_config/prod.yaml`)
@@ -62,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
     update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
+    teardown = commands.add_parser("teardown-check", help="may cdk destroy go ahead? (the cluster gone, the database "
+                                                          "unprotected)")
+    teardown.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    teardown.add_argument("--endpoint-url", help="another AWS API endpoint (the tests' emulated account)")
     jobs = commands.add_parser("jobs", help="write each model's job script and training config, and the cluster file")
     jobs.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     jobs.add_argument("--out", required=True, type=Path, help="the jobs folder to write into, e.g. jobs")
@@ -101,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {args.model_list}")
         elif args.command == "fsx-expected":
             print(fsx_expectations(load_settings(args.env)))
+        elif args.command == "teardown-check":
+            from cluster_config import teardown  # boto3: only this command talks to AWS
+
+            return teardown.main(load_settings(args.env), args.endpoint_url)
         elif args.command == "update-check":
             return _update_check(args.env, Path(args.base))
         else:
