@@ -37,7 +37,7 @@ def test_failed_jobs_requeue_keep_their_shares_and_match_the_goodput_model(tmp_p
     out = tmp_path / "goodput_simulation.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.goodput_simulation", "--spares", "2", "--days", "2",
                            "--minutes", "1", "--failures-per-1000-node-days", "20", "--seed", "3",
-                           "--calibration-rounds", "1", "--out", str(out)],
+                           "--calibration-rounds", "1", "--compare", "resumes", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=480)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
