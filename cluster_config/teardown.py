@@ -58,7 +58,10 @@ def problems(settings: Settings, endpoint_url: str | None = None) -> list[str]:
             if resource["ResourceType"] != "AWS::RDS::DBInstance" or not resource.get("PhysicalResourceId"):
                 continue
             identifier = resource["PhysicalResourceId"]
-            instances = rds.describe_db_instances(DBInstanceIdentifier=identifier)["DBInstances"]
+            try:
+                instances = rds.describe_db_instances(DBInstanceIdentifier=identifier)["DBInstances"]
+            except rds.exceptions.DBInstanceNotFoundFault:  # deleted outside the stack: nothing to stop at
+                continue
             if instances and instances[0].get("DeletionProtection"):
                 found.append(
                     f"the accounting database {identifier} has deletion protection: cdk destroy would stop at it "

@@ -64,6 +64,10 @@ def test_destroy_waits_for_the_cluster_to_go_and_the_database_to_be_unprotected(
         cleared = teardown_check(endpoint)
         assert cleared.returncode == 0 and "may go ahead" in cleared.stdout, cleared
 
+        rds.delete_db_instance(DBInstanceIdentifier=identifier, SkipFinalSnapshot=True)  # gone outside its stack
+        deleted = teardown_check(endpoint)
+        assert deleted.returncode == 0 and "may go ahead" in deleted.stdout, deleted
+
 
 def test_an_account_it_cannot_reach_is_one_error_line_and_exit_2():
     result = teardown_check("http://127.0.0.1:9")  # the discard port: nothing listens
