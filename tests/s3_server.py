@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from cluster_config.emulated.moto_server import stop
+
 # Fake credentials and no instance metadata lookups: boto3 must talk to the local server only.
 FAKE_AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
@@ -35,5 +37,4 @@ def s3_server(host: str = "127.0.0.1") -> Iterator[str]:
                 time.sleep(0.1)
         yield f"http://{host}:{port}"
     finally:
-        server.terminate()
-        server.wait(10)
+        stop(server)
