@@ -96,6 +96,7 @@ bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	local_cluster/cluster.sh up  # the training benchmark's data-wait figure comes from a two-node run
 	$(PY) -m benchmarks.training
 	$(PY) -m benchmarks.recovery  # per fault: seconds to the next step, steps repeated, human needed
+	$(PY) -m benchmarks.false_eviction  # the eviction drill's run 10 times with nothing slowed: straggler reports and evictions (target 0)
 	$(PY) -m benchmarks.node_bootstrap  # the head node's OnNodeConfigured (real pip install) vs its bootstrap timeout
 	$(PY) -m benchmarks.goodput_simulation  # prod on 80 local nodes of its own, 2 weeks of failures in 2 x 8 min, 0 and 2 spares vs the goodput model
 
