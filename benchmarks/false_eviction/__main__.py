@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "jobs")]
 
 from benchmarks.false_eviction.drill import INTERVAL, INTERVALS, MARGIN, RUN, STEPS  # noqa: E402
-from cli import ArgumentParser  # noqa: E402
+from cli import ArgumentParser, fail  # noqa: E402
 from local_cluster import demo_data  # noqa: E402
 from local_cluster.client import LocalCluster  # noqa: E402
 from local_cluster.training_job import TrainingJob  # noqa: E402
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/false_eviction.json")
     args = parser.parse_args(argv)
     cluster = LocalCluster()
+    if not cluster.is_up():
+        return fail("the local cluster is not up", "run `local_cluster/cluster.sh up` first")
     demo_data.build(cluster.fsx / "data/tokenized-sample")
     runs = []
     for i in range(args.runs):
