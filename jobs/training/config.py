@@ -124,7 +124,8 @@ class TrainConfig(_Section):
     deterministic: bool = Field(False, description="deterministic kernels (training/determinism.py): a resumed run "
                                 "repeats an uninterrupted one's losses bit for bit on GPU too. Costs speed: no cuDNN "
                                 "attention, flash attention's slower deterministic backward, a fixed cuBLAS "
-                                "workspace; off for training, on in the acceptance drill")
+                                "workspace, DDP's all-reduce one parameter at a time; off for training, on in the "
+                                "acceptance drill")
     init_timeout_s: int = Field(300, gt=0, description="collective timeout until the first step is done (start-up)")
     timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
     watchdog_floor_s: float = Field(180, gt=0, description="progress watchdog: shortest window without a step")

@@ -195,6 +195,33 @@ def loss_parallel(train):
     return tensor_parallel.loss_parallel() if train.tensor_parallel > 1 else contextlib.nullcontext()
 
 
+def reduce_each_parameter(model: DistributedDataParallel) -> None:
+    """DDP's gradient all-reduce one parameter at a time, for ``train.deterministic`` runs.
+
+    DDP reduces gradients in buckets, and lays its buckets out again after a run's first step (in the
+    order gradients became ready). An all-reduce splits its tensor into chunks by size, so where a
+    gradient sits in its bucket decides the order each of its elements is summed in across more than
+    two ranks: a run resumed from a checkpoint takes its first step in the first layout, where the
+    uninterrupted run took it in the second, and the losses part by an ulp. Reduced alone, each
+    parameter's sums do not depend on the layout; the cost is one collective per parameter.
+    """
+    model.register_comm_hook(None, _all_reduce_each_parameter)
+
+
+def _all_reduce_each_parameter(group, bucket):  # unannotated: DDP compares the annotation as an object
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size(group))  # as DDP's own all-reduce: divided first, then summed
+    offset = 0
+    for param in bucket.parameters():
+        dist.all_reduce(buffer[offset:offset + param.numel()], group=group)
+        offset += param.numel()
+    if offset != buffer.numel():
+        raise RuntimeError(f"DDP bucket of {buffer.numel()} elements holds parameters of {offset}")
+    done = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
 def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
                 mixed_precision: bool | None = None, compile: bool | None = None, init_sync: bool = True) -> nn.Module:
     """Apply tensor parallelism, activation checkpointing, torch.compile, then FSDP2/HSDP or DDP.

@@ -119,6 +119,8 @@ class Trainer:
 
         self.mesh = distributed.device_mesh(d, cfg.train)
         self.model, self.optimizer = build(cfg, model_config, d, self.mesh)
+        if cfg.train.deterministic and cfg.train.parallelism == "ddp":
+            distributed.reduce_each_parameter(self.model)  # sums independent of DDP's bucket layout
         self.accum = cfg.grad_accum_steps(d.world_size)
         dp_rank, dp_size = distributed.data_parallel_rank(d, cfg.train.tensor_parallel)
         self.loader = TokenLoader(cfg.data.path, batch_size=cfg.train.micro_batch_size, seq_len=cfg.data.seq_len,

@@ -70,3 +70,24 @@ def test_fsdp_resume_from_a_checkpoint_continues_exactly(tmp_path, tiny_data):
     assert "resumed from" in resumed.output
     expected = {s: v for s, v in full.losses().items() if s > 4}
     assert resumed.losses() == expected and sorted(expected) == [5, 6, 7, 8]
+
+
+def test_ddp_on_four_ranks_resumes_bit_for_bit_with_train_deterministic(tmp_path, tiny_data):
+    """DDP lays its gradient buckets out again after a run's first step; more than two ranks sum each
+    element in an order that depends on the layout, so a resumed run's first step summed differently
+    (found by the local cluster's corruption drill: losses an ulp apart from step 6). Deterministic runs
+    reduce each parameter alone (distributed.reduce_each_parameter): resume from step 4, compare 5-8."""
+    from conftest import Run
+
+    ddp = ("train.parallelism=ddp", "train.deterministic=true", "train.steps=8", "checkpoint.every=4",
+           "log.interval=1", "train.micro_batch_size=8", "optim.warmup_steps=2", "data.num_workers=0")
+    full = Run(tmp_path / "full")
+    assert full.run(tiny_data, *ddp, nproc=4) == 0, full.output[-4000:]
+    resumed = Run(tmp_path / "resumed")
+    resumed.checkpoints.mkdir(parents=True)
+    shutil.copytree(full.checkpoints / "step_00000004", resumed.checkpoints / "step_00000004")
+    (resumed.checkpoints / "latest").write_text("step_00000004\n")
+    assert resumed.run(tiny_data, *ddp, nproc=4) == 0, resumed.output[-4000:]
+    assert "resumed from" in resumed.output
+    expected = {s: v for s, v in full.losses().items() if s > 4}
+    assert resumed.losses() == expected and sorted(expected) == [5, 6, 7, 8]
