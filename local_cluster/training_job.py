@@ -110,6 +110,32 @@ class TrainingJob:
         return pids[-1]
 
 
+class TrainingJobs:
+    """The training jobs a test module or benchmark submits, cancelled together at its end, so that a failed
+    test leaves none behind: ``jobs.submit("evict", *overrides, **env)``."""
+
+    def __init__(self, cluster: LocalCluster):
+        self.cluster, self.submitted = cluster, []
+
+    def submit(self, name: str, *overrides: str, **env: str) -> TrainingJob:
+        job = TrainingJob(self.cluster, name)
+        self.submitted.append(job)
+        return job.submit(*overrides, **env)
+
+    def cancel_all(self) -> None:
+        ids = [job.id for job in self.submitted if job.id]
+        if ids:
+            subprocess.run(["scancel", *ids], check=False)
+
+
+def release_node(cluster: LocalCluster, node: str, why: str) -> None:
+    """The operator's release of a drained or quarantined node (node_scripts/slurm_health_hook.sh --release):
+    back into service, recorded in the failure history, its earlier failures no longer counted."""
+    subprocess.run(["bash", str(cluster.repo / "node_scripts/slurm_health_hook.sh"), "--release", node, why],
+                   env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
+                        "HEALTH_HISTORY": str(cluster.fsx / "logs/node-health/history.tsv")}, check=False)
+
+
 def continue_stopped(pid: int) -> None:
     """Let a SIGSTOPped process go on (or die of the SIGKILL Slurm already sent it)."""
     try:

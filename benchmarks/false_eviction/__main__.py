@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from benchmarks.false_eviction.drill import INTERVAL, INTERVALS, MARGIN, RUN, ST
 from cli import ArgumentParser, fail  # noqa: E402
 from local_cluster import demo_data  # noqa: E402
 from local_cluster.client import LocalCluster  # noqa: E402
-from local_cluster.training_job import TrainingJob  # noqa: E402
+from local_cluster.training_job import TrainingJob, release_node  # noqa: E402
 
 def longest_streak(intervals: list[dict], margin_pct: float) -> int:
     """The most log intervals in a row that one rank stayed the slowest and over the margin."""
@@ -64,15 +63,8 @@ def run_once(cluster: LocalCluster, name: str) -> dict:
     job = TrainingJob(cluster, name).submit(*RUN)
     run = summarize(job, job.wait())
     for eviction in run["evictions"]:  # a healthy node drained: the operator's release, so the next run has its spare
-        release(cluster, eviction["node"])
+        release_node(cluster, eviction["node"], "false eviction")
     return run
-
-
-def release(cluster: LocalCluster, node: str) -> None:
-    """Back into service, the drain no longer counted (node_scripts/slurm_health_hook.sh --release)."""
-    subprocess.run(["bash", str(REPO / "node_scripts/slurm_health_hook.sh"), "--release", node, "false eviction"],
-                   env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
-                        "HEALTH_HISTORY": str(cluster.fsx / "logs/node-health/history.tsv")}, check=False)
 
 
 def clean(run: dict) -> bool:

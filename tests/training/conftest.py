@@ -158,6 +158,18 @@ SHORT = ("train.steps=16", "checkpoint.every=4", "log.interval=1", "train.micro_
          "optim.warmup_steps=4")
 
 
+@pytest.fixture(scope="module")
+def training_jobs(slurm_cluster):
+    """Training jobs on the local Slurm cluster, with dev's sample dataset in place; the module's jobs are
+    cancelled at its end."""
+    from local_cluster.training_job import TrainingJobs
+
+    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
+    jobs = TrainingJobs(slurm_cluster)
+    yield jobs
+    jobs.cancel_all()
+
+
 @pytest.fixture(scope="session")
 def reference_losses(tiny_data, tmp_path_factory) -> dict[int, tuple[float, int]]:
     """Per-step (loss, samples) of an uninterrupted 2-process run of SHORT."""

@@ -18,31 +18,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.false_eviction.drill import INTERVAL, INTERVALS, MARGIN, RUN, STEPS
-from local_cluster import demo_data
 from local_cluster.cpu_limit import CpuLimit
-from local_cluster.training_job import TrainingJob
+from local_cluster.training_job import release_node
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
 
-SUBMITTED: list[TrainingJob] = []
-
 
 @pytest.fixture(scope="module")
-def cluster(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
-    yield slurm_cluster
-    subprocess.run(["scancel", *[j.id for j in SUBMITTED if j.id]], check=False)
-
-
-def submit(cluster, name: str) -> TrainingJob:
-    job = TrainingJob(cluster, name)
-    SUBMITTED.append(job)
-    return job.submit(*RUN)
-
-
-@pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory) -> dict[int, tuple[float, int]]:
+def reference(training_jobs, tmp_path_factory) -> dict[int, tuple[float, int]]:
     """The same run, nothing slowed (the false-eviction benchmark, once): it completes on its first start,
     reports no straggler and evicts nothing."""
     out = tmp_path_factory.mktemp("false_eviction") / "false_eviction.json"
@@ -65,8 +49,9 @@ def scontrol_node(node: str) -> str:
     return subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True).stdout
 
 
-def test_a_slowed_node_is_evicted_drained_and_the_run_completes_on_the_spare_exactly(cluster, reference):
-    job = submit(cluster, "evict")
+def test_a_slowed_node_is_evicted_drained_and_the_run_completes_on_the_spare_exactly(training_jobs, reference):
+    cluster = training_jobs.cluster
+    job = training_jobs.submit("evict", *RUN)
     job.wait_for_step(6)  # past start-up on both nodes
     slow = job.nodes()[-1]
     pids = job.worker_pids(node=slow)
@@ -109,7 +94,4 @@ def test_a_slowed_node_is_evicted_drained_and_the_run_completes_on_the_spare_exa
               f"{straggler['intervals']} intervals; drained: {reason}...; resumed on {','.join(moved_to)}; "
               f"{len(losses)} logged losses equal the reference, {len([s for s in losses if s > step])} after the eviction")
     finally:
-        # The operator's release (node_scripts/slurm_health_hook.sh): back into service, this drain no longer counts.
-        subprocess.run(["bash", str(REPO / "node_scripts/slurm_health_hook.sh"), "--release", slow, "test cleanup"],
-                       env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
-                            "HEALTH_HISTORY": str(history)}, check=False)
+        release_node(cluster, slow, "test cleanup")  # the operator's release: back into service

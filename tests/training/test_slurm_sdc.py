@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from local_cluster import demo_data
-from local_cluster.training_job import TrainingJob
+from local_cluster.training_job import release_node
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -27,33 +26,20 @@ STEPS, FLIPPED_RANK, FLIPPED_AFTER = 16, 2, 5
 RUN = (f"train.steps={STEPS}", "checkpoint.every=4", "log.interval=1", "optim.warmup_steps=3", "train.micro_batch_size=8",
        "train.replica_check_every=2", "train.deterministic=true")
 RANKS = {"NPROC_PER_NODE": "2"}  # 2 workers on each of the 2 nodes: a majority of copies names the corrupt one
-SUBMITTED: list[TrainingJob] = []
-
-
-@pytest.fixture(scope="module")
-def cluster(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
-    yield slurm_cluster
-    subprocess.run(["scancel", *[j.id for j in SUBMITTED if j.id]], check=False)
-
-
-def submit(cluster, name: str, **env: str) -> TrainingJob:
-    job = TrainingJob(cluster, name)
-    SUBMITTED.append(job)
-    return job.submit(*RUN, **RANKS, **env)
 
 
 def hostnames(nodelist: str) -> list[str]:
     return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True).stdout.split()
 
 
-def test_a_corrupted_replica_is_named_its_node_drained_and_the_run_resumes_elsewhere_exactly(cluster):
-    reference = submit(cluster, "sdc-reference")
+def test_a_corrupted_replica_is_named_its_node_drained_and_the_run_resumes_elsewhere_exactly(training_jobs):
+    cluster = training_jobs.cluster
+    reference = training_jobs.submit("sdc-reference", *RUN, **RANKS)
     assert reference.wait() == ("COMPLETED", 0), reference.output()[-4000:]
     expected = reference.losses()
     assert sorted(expected) == list(range(1, STEPS + 1))
 
-    job = submit(cluster, "sdc", TRAIN_LAUNCHER=f"bash {LAUNCHER} {FLIPPED_RANK} {FLIPPED_AFTER}")
+    job = training_jobs.submit("sdc", *RUN, **RANKS, TRAIN_LAUNCHER=f"bash {LAUNCHER} {FLIPPED_RANK} {FLIPPED_AFTER}")
     history = cluster.fsx / "logs/node-health/history.tsv"
     suspect = None
     try:
@@ -90,7 +76,5 @@ def test_a_corrupted_replica_is_named_its_node_drained_and_the_run_resumes_elsew
         print(f"rank {FLIPPED_RANK} on {suspect} corrupted after step {FLIPPED_AFTER}: found at step 6, drained "
               f"({reason}...), resumed from step 4 on {','.join(moved_to)}; {len(expected)} losses equal the reference")
     finally:
-        if suspect:  # the operator's release (node_scripts/slurm_health_hook.sh): back into service
-            subprocess.run(["bash", str(REPO / "node_scripts/slurm_health_hook.sh"), "--release", suspect, "test cleanup"],
-                           env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
-                                "HEALTH_HISTORY": str(history)}, check=False)
+        if suspect:
+            release_node(cluster, suspect, "test cleanup")  # the operator's release: back into service
