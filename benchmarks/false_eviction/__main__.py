@@ -3,7 +3,7 @@
     local_cluster/cluster.sh up && .venv/bin/python -m benchmarks.false_eviction [--runs 10] [--out FILE]
 
 The eviction drill's run (drill.py: tiny preset, 2 of the 3 nodes, 40 steps logged every 2, eviction on,
-a straggler at 100 % over the median for 3 intervals in a row), with no node slowed.
+a straggler at 400 % over the median for 3 intervals in a row), with no node slowed.
 Per run: the slowest rank's excess over the median of the others at every log interval, how many
 intervals were over the margin, the longest streak of one rank over it (the detector needs 3), the
 straggler reports and evictions, and the run's losses. The target is none reported and none evicted
@@ -28,6 +28,7 @@ from cli import ArgumentParser, fail  # noqa: E402
 from local_cluster import demo_data  # noqa: E402
 from local_cluster.client import LocalCluster  # noqa: E402
 from local_cluster.training_job import TrainingJob, release_node  # noqa: E402
+
 
 def longest_streak(intervals: list[dict], margin_pct: float) -> int:
     """The most log intervals in a row that one rank stayed the slowest and over the margin."""

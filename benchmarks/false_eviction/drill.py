@@ -5,7 +5,7 @@ median of the others for 3 log intervals in a row.
 The tiny recipe turns eviction off; on here, with a margin for two shared cores. Measured with this
 benchmark: a rank of an unslowed run was at most 137 % over its peer on a quiet machine and 273 % beside
 two CPU-bound processes at nice 10 (how `make test` runs its other half), where a 100 % margin evicted
-a healthy node in 1 run of 10; a rank given 10 % of a CPU is 655-1,390 % over.
+a healthy node in 2 runs of 9; a rank given 10 % of a CPU is 655-1,390 % over.
 """
 
 STEPS, INTERVAL, MARGIN, INTERVALS = 40, 2, 4.0, 3

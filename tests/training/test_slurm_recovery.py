@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from local_cluster.training_job import TrainingJob, continue_stopped
+from local_cluster.training_job import TrainingJob, continue_stopped, release_node
 from local_cluster import demo_data
 
 pytestmark = pytest.mark.slurm
@@ -125,11 +125,9 @@ def test_node_failing_its_health_check_is_drained_and_the_run_moves(cluster, ref
                                          text=True).stdout.split()
     finally:
         marker.unlink(missing_ok=True)
-        # The operator's release (node_scripts/slurm_health_hook.sh): back into service, and this drain no
-        # longer counts towards quarantining the node when a later test fails it again.
-        subprocess.run(["bash", str(REPO / "node_scripts/slurm_health_hook.sh"), "--release", bad, "test cleanup"],
-                       env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
-                            "HEALTH_HISTORY": str(cluster.fsx / "logs/node-health/history.tsv")}, check=False)
+        # The operator's release: back into service, and this drain no longer counts towards quarantining
+        # the node when a later test fails it again.
+        release_node(cluster, bad, "test cleanup")
 
 
 def test_crash_loop_stops_after_the_retry_budget(cluster):
