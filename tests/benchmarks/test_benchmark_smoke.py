@@ -168,3 +168,16 @@ def test_straggler_probe_benchmark(tmp_path):
     shares = [result["over_margin"][m]["share"] for m in ("0.02", "0.05", "0.1", "0.2")]
     assert shares == sorted(shares, reverse=True) and all(0 <= s < 1 for s in shares)
     assert (result["default_margin"], result["default_intervals"]) == (0.1, 5)
+
+
+def test_false_eviction_benchmark_says_when_the_local_cluster_is_down(monkeypatch, capsys, tmp_path):
+    """Its full run is the eviction test's reference (tests/training/test_slurm_eviction.py); without a cluster it
+    says so, with the command, before submitting anything."""
+    from benchmarks.false_eviction import __main__ as false_eviction
+    from local_cluster.client import LocalCluster
+
+    monkeypatch.setattr(LocalCluster, "is_up", lambda self: False)
+    assert false_eviction.main(["--runs", "1", "--out", str(tmp_path / "out.json")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: the local cluster is not up — run `local_cluster/cluster.sh up` first"
+    assert not (tmp_path / "out.json").exists()
