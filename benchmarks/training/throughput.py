@@ -29,16 +29,17 @@ def overrides(steps: int) -> list[str]:
 
 def _summary(records: list[dict], setup: str) -> dict:
     intervals = [r for r in records if "loss" in r][1:]
+    data_wait_pct = round(statistics.median(r["data_wait_pct"] for r in intervals), 3)  # the verdict reads it as reported
     return {
         "setup": setup,
         "intervals": len(intervals),
         "tokens_per_s_total": round(statistics.median(r["tokens_per_s"] for r in intervals)),
         "tokens_per_s_per_device": round(statistics.median(r["tokens_per_s_per_device"] for r in intervals)),
         "step_time_s": round(statistics.median(r["step_time_s"] for r in intervals), 4),
-        "data_wait_pct_median": round(statistics.median(r["data_wait_pct"] for r in intervals), 3),
+        "data_wait_pct_median": data_wait_pct,
         "data_wait_pct_max": round(max(r["data_wait_pct"] for r in intervals), 3),
         "target_data_wait_pct": 2.0,
-        "meets_target": statistics.median(r["data_wait_pct"] for r in intervals) <= 2.0,
+        "meets_target": data_wait_pct <= 2.0,
         "first_loss": records[[i for i, r in enumerate(records) if "loss" in r][0]]["loss"],
         "last_loss": [r for r in records if "loss" in r][-1]["loss"],
     }

@@ -100,6 +100,7 @@ def test_training_benchmark(slurm_cluster, tmp_path):
     assert positive(tput["tokens_per_s_total"], tput["tokens_per_s_per_device"], tput["step_time_s"])
     assert tput["tokens_per_s_per_device"] == pytest.approx(tput["tokens_per_s_total"] / 2, rel=0.1)
     assert 0 <= tput["data_wait_pct_median"] <= tput["data_wait_pct_max"] <= 100
+    assert tput["meets_target"] == (tput["data_wait_pct_median"] <= tput["target_data_wait_pct"])
     assert math.isfinite(tput["first_loss"]) and tput["last_loss"] < tput["first_loss"]
     assert "data wait" in proc.stdout
 
