@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError as exc:
         print(f"problem: {exc}", file=sys.stderr)
         return 1
-    demo_data.build(FSX / "data/tokenized-sample")
+    demo_data.build(FSX / "data/tokenized/sample")
     failures: list[BaseException] = []
     stop = threading.Event()
     follower = threading.Thread(target=follow_log, args=(stop,), daemon=True)

@@ -2,7 +2,7 @@
 sample corpus, tokenized and packed at seq_len 128 (a few seconds, no downloads). For the local
 cluster, the tests and the benchmarks; it is not part of the jobs bundle.
 
-    .venv/bin/python -m local_cluster.demo_data .local_cluster/fsx/data/tokenized-sample
+    .venv/bin/python -m local_cluster.demo_data .local_cluster/fsx/data/tokenized/sample
 """
 
 from __future__ import annotations

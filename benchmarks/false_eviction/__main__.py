@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster()
     if not cluster.is_up():
         return fail("the local cluster is not up", "run `local_cluster/cluster.sh up` first")
-    demo_data.build(cluster.fsx / "data/tokenized-sample")
+    demo_data.build(cluster.fsx / "data/tokenized/sample")
     runs = []
     for i in range(args.runs):
         run = run_once(cluster, f"no-limit-{i + 1}")

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail("the local cluster is not up", "run `local_cluster/cluster.sh up` first")
     from local_cluster import demo_data
 
-    demo_data.build(cluster.fsx / "data/tokenized-sample")
+    demo_data.build(cluster.fsx / "data/tokenized/sample")
     ref = TrainingJob(cluster, "bench-reference").submit(*RUN)
     assert ref.wait() == ("COMPLETED", 0), ref.output()[-3000:]
     reference = ref.losses()

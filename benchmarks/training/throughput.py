@@ -56,7 +56,7 @@ def _on_slurm(steps: int) -> dict | None:
         return None
     from local_cluster import demo_data
 
-    demo_data.build(cluster.fsx / "data/tokenized-sample")
+    demo_data.build(cluster.fsx / "data/tokenized/sample")
     (cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)
     root = f"benchmarks/training-{uuid.uuid4().hex[:8]}"
     # The two local "nodes" share this machine's cores: one thread per worker, as torchrun sets
@@ -78,7 +78,7 @@ def _on_slurm(steps: int) -> dict | None:
 def _on_host(tmp: Path, steps: int) -> dict:
     from local_cluster import demo_data
 
-    data = demo_data.build(tmp / "data/tokenized-sample").path
+    data = demo_data.build(tmp / "data/tokenized/sample").path
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "FSX_DATA": str(tmp / "data"),
            "FSX_CHECKPOINTS": str(tmp / "checkpoints"), "FSX_LOGS": str(tmp / "logs")}
     subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2",

@@ -389,7 +389,7 @@ def drills(slurm_cluster, request):
     prometheus_alerts()  # the monitoring is up
     # The drills need every node; what an earlier test left gets two minutes to end.
     wait_for("cluster to itself: no job, no reservation", lambda: None if slurm_activity() else True, 120)
-    demo_data.build(FSX / "data/tokenized-sample")
+    demo_data.build(FSX / "data/tokenized/sample")
     saved = Path(tempfile.mkdtemp(prefix="alert-drills-", dir=BASE))  # beside fsx/: rename works
     for model in MODEL_NODES:
         move_model_aside(model, saved / model)

@@ -56,7 +56,7 @@ def utc(epoch: float) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
     state = slurm("sinfo", "-h", "-n", NODE, "-p", "gpu", "-o", "%T").strip()
     if state not in ("idle", "mixed", "allocated"):
         pytest.skip(f"{NODE} is {state}: the test reserves it and runs on it")

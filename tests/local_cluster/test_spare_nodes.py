@@ -48,7 +48,7 @@ def node_state(node: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
     deadline = time.monotonic() + 60  # a job that just ended may still hold a node a few seconds
     while (busy := {n: s for n in NODES if (s := slurm("sinfo", "-h", "-n", n, "-p", "gpu", "-o", "%T").strip()) != "idle"}):
         if time.monotonic() > deadline:

@@ -50,7 +50,7 @@ def test_fsx_perf_job_measures_every_mount_with_fio_and_flags_the_slow_one(slurm
 
 
 def test_input_diagnosis_job_gives_a_verdict_with_its_numbers(slurm_cluster):
-    build_demo_data(slurm_cluster.fsx / "data" / "tokenized-sample")  # what tiny.yaml trains on
+    build_demo_data(slurm_cluster.fsx / "data" / "tokenized/sample")  # what tiny.yaml trains on
     run = uuid.uuid4().hex[:8]
     job = slurm_cluster.sbatch("jobs/input_diagnosis.sh", "--steps", "6", "--batches", "50",
                                env={"INPUT_DIAGNOSIS_OUT": f"/fsx/logs/input_diagnosis_test/{run}"},

@@ -164,7 +164,7 @@ def training_jobs(slurm_cluster):
     cancelled at its end."""
     from local_cluster.training_job import TrainingJobs
 
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
     jobs = TrainingJobs(slurm_cluster)
     yield jobs
     jobs.cancel_all()

@@ -24,7 +24,7 @@ def fsx_env(monkeypatch):
 def test_file_then_overrides_and_per_model_directories():
     cfg = load_config(CONFIGS / "tiny.yaml", ["train.steps=7", "optim.lr=1e-3", "name=model3", "optim.warmup_steps=2"])
     assert (cfg.train.steps, cfg.optim.lr, cfg.train.parallelism) == (7, 1e-3, "ddp")
-    assert cfg.data.path == "/fsx/data/tokenized-sample"
+    assert cfg.data.path == "/fsx/data/tokenized/sample"
     assert cfg.checkpoint.dir == "/fsx/checkpoints/model3"
     assert cfg.log.dir == "/fsx/logs/model3"
     assert cfg.log.tensorboard_dir == "/fsx/logs/model3/tensorboard"

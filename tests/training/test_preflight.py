@@ -112,14 +112,14 @@ def preprocess(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_preprocess_for_a_model_makes_the_data_its_preflight_accepts(tmp_path, monkeypatch, dev_jobs):
-    """dev's model1: dataset tokenized-sample at seq_len 128 with the tokenizer in tokenized-sample.src."""
+    """dev's model1: dataset tokenized/sample at seq_len 128 with the tokenizer in tokenized/sample.src."""
     from data_pipeline.sample_data import make_sample
 
-    files, tokenizer = make_sample(tmp_path / "fsx-data/tokenized-sample.src", num_files=1, total_bytes=60_000)
+    files, tokenizer = make_sample(tmp_path / "fsx-data/tokenized/sample.src", num_files=1, total_bytes=60_000)
     result = preprocess(tmp_path, MODEL="model1", RAW_DIR=str(files[0].parent))
     assert result.returncode == 0, result.stderr[-2000:]
     # The model's dataset, seq_len and tokenizer, not the generic defaults (tokenized, 2048, $FSX_DATA/tokenizer).
-    assert f"-> {tmp_path}/fsx-data/tokenized-sample (seq_len 128)" in result.stdout
+    assert f"-> {tmp_path}/fsx-data/tokenized/sample (seq_len 128)" in result.stdout
     monkeypatch.setenv("FSX_DATA", str(tmp_path / "fsx-data"))
     assert preflight.check("model1", None, [f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs"]) == []
 
@@ -130,7 +130,7 @@ def test_preprocess_for_a_model_makes_the_data_its_preflight_accepts(tmp_path, m
 def test_data_made_with_another_tokenizer_is_refused(tmp_path, monkeypatch, dev_jobs):
     from data_pipeline.sample_data import make_sample
 
-    make_sample(tmp_path / "fsx-data/tokenized-sample.src", num_files=1, total_bytes=60_000)  # the model's
+    make_sample(tmp_path / "fsx-data/tokenized/sample.src", num_files=1, total_bytes=60_000)  # the model's
     files, other = make_sample(tmp_path / "other", num_files=1, total_bytes=40_000, vocab_size=300)
     result = preprocess(tmp_path, MODEL="model1", RAW_DIR=str(files[0].parent), TOKENIZER=str(other))
     assert result.returncode == 0, result.stderr[-2000:]

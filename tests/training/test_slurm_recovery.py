@@ -32,7 +32,7 @@ SUBMITTED: list[TrainingJob] = []  # cancelled at the end of the module, so a fa
 
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
     yield slurm_cluster
     subprocess.run(["scancel", *[j.id for j in SUBMITTED if j.id]], check=False)
 

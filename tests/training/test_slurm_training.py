@@ -86,7 +86,7 @@ class Job:
 
 @pytest.fixture(scope="module")
 def fsx(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
     (slurm_cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)  # Slurm won't create it
     yield slurm_cluster.fsx
     if SUBMITTED:

@@ -32,7 +32,7 @@ def sacct_jobs() -> set[str]:
 
 @pytest.fixture
 def root(slurm_cluster):
-    demo_data.build(slurm_cluster.fsx / "data/tokenized-sample")  # dev's dataset and tokenizer
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")  # dev's dataset and tokenizer
     return slurm_cluster.fsx / f"tests/submit-{uuid.uuid4().hex[:8]}"
 
 
