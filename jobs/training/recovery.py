@@ -62,6 +62,9 @@ def recoveries(log_dir: Path, job: str, since: float) -> list[dict]:
     return found
 
 
+LAUNCH_FAILURES = {126: "command not executable", 127: "command not found"}
+
+
 def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recoveries: int,
            window_hours: float, now: float | None = None) -> tuple[str, str]:
     """(action, message) for a training step that ended with ``exit_code`` and ``status``."""
@@ -80,6 +83,13 @@ def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recov
         message = (f"training stopped on a user error: {reason.removeprefix('user:').strip()} "
                    f"— fix it and submit again (not requeued: it would fail the same way)")
         _append(log_dir, {**record, "cause": reason, "action": "stop"})
+        return "user-error", message
+    elif exit_code in LAUNCH_FAILURES and not reason:
+        # The shell's own codes: the launcher never ran, on any node a requeue would bring back.
+        cause = f"the launcher could not start (srun exit {exit_code}: {LAUNCH_FAILURES[exit_code]})"
+        message = (f"{cause} — the jobs' environment on the nodes lacks it (JOBS_VENV, PATH); fix it and "
+                   f"submit again (not requeued: it would fail the same way)")
+        _append(log_dir, {**record, "cause": cause, "action": "stop"})
         return "user-error", message
     else:
         cause = reason or f"a training process failed (srun exit {exit_code})"

@@ -67,6 +67,15 @@ def test_user_error_is_never_requeued(tmp_path, job):
     assert "train.steps: expected int" in message and "not requeued" in message
 
 
+def test_a_launcher_that_cannot_start_is_not_requeued(tmp_path, job):
+    """torchrun missing from the jobs' venv failed all five recoveries alike on the local cluster."""
+    action, message = decide(tmp_path, exit_code=127)
+    assert action == "user-error"
+    assert message.startswith("the launcher could not start (srun exit 127: command not found)") and "not requeued" in message
+    assert decide(tmp_path, exit_code=1)[0] == "requeue"  # any other failure still is
+    assert decide(tmp_path, exit_code=127, reason="hang: rank 0")[0] == "requeue"  # the trainer ran and said why
+
+
 def test_command_line_prints_the_action_and_logs_launch_events(tmp_path):
     env = {"PYTHONPATH": "jobs", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "MAX_RECOVERIES": "0"}
     run = lambda *args: subprocess.run([sys.executable, "-m", "training.recovery", *args], env=env,
