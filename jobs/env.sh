@@ -1,5 +1,7 @@
 # Shared environment for every sbatch payload in jobs/. Sourced, never run:
 #   JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"; source "$JOBS_DIR/env.sh"
+# and by hand on the head node, for the project's Python tools (status, upload, dry run):
+#   cd /opt/llm-jobs/bundle && source jobs/env.sh && python -m training.status model1
 # Everything here is a default that the submitting shell may override, which is how the
 # same scripts run on ParallelCluster and on the local test cluster.
 # shellcheck shell=bash
@@ -21,7 +23,8 @@ if [[ -f "$JOBS_VENV/bin/activate" ]]; then
   # shellcheck disable=SC1091
   source "$JOBS_VENV/bin/activate"
 fi
-# The payloads' Python packages live beside this file.
+# The payloads' Python packages live beside this file (JOBS_DIR: the payload's, or this file's folder).
+JOBS_DIR="${JOBS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 export PYTHONPATH="${JOBS_DIR}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 

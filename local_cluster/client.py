@@ -10,7 +10,8 @@ Tests get one through the session fixture ``slurm_cluster`` (tests/conftest.py):
         log = slurm_cluster.fsx / "logs" / "validation" / f"my-job_{job}.out"
 
 Jobs see the stand-in FSx as /fsx (``.fsx`` on the host) and get the environment of ``.env``
-(sbatch exports the submitting environment), which points JOBS_VENV at the repository's venv.
+(sbatch exports the submitting environment), which points JOBS_VENV at the repository's venv and
+CLUSTER_ENV at nothing (HARNESS_ENV).
 Job state comes from ``scontrol show job``, which keeps finished jobs for MinJobAge (5 minutes);
 ``sacct`` (slurmdbd + MariaDB) keeps them for good.
 """
@@ -32,6 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 FIELD = re.compile(r"(\w+)=(\S*)")
+# Jobs the tests and demos submit as root from the checkout run without the deployment's facts:
+# /opt/llm-jobs/cluster.env names dev's buckets, which nothing serves here, so every finished training
+# would queue a backup (and every preprocess a sync) that fails. The cluster user's jobs read it.
+HARNESS_ENV = {"CLUSTER_ENV": "/dev/null"}
 
 
 def unsupported_reason() -> str | None:
@@ -50,7 +55,7 @@ class LocalCluster:
     def __init__(self, repo: Path = REPO):
         self.repo = repo
         self.fsx = repo / ".local_cluster" / "fsx"  # what jobs see as /fsx
-        self.env = {**os.environ, "JOBS_VENV": str(repo / ".venv")}  # environment jobs are submitted with
+        self.env = {**os.environ, **HARNESS_ENV, "JOBS_VENV": str(repo / ".venv")}  # environment jobs are submitted with
 
     def cluster_sh(self, command: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.repo / "local_cluster" / "cluster.sh"), command],

@@ -11,6 +11,10 @@
 #                                     editing node_scripts/); exits 1 if one stays out of service
 #   local_cluster/cluster.sh rollup   roll the hour in progress up now, so that sreport's cluster and
 #                                     user reports show it (provisional: see cmd_rollup)
+#   local_cluster/cluster.sh login [USER]
+#                                     a login shell on the head node as USER (default ssm-user, whom
+#                                     `aws ssm start-session` logs in): /fsx and /opt/llm-jobs mounted
+#                                     as there; commands on stdin run as typed (see cmd_login)
 #
 # Layout: slurmctld, slurmdbd and munged run on the host (the "head node"); node1, node2 and node3
 # each run a slurmd in their own network + UTS + mount namespace, with a veth into a host bridge,
@@ -32,7 +36,13 @@
 # Monitoring runs as on AWS (local_cluster/monitoring.sh, docs/monitoring.md): a node exporter and a
 # stand-in DCGM exporter in each node, the head node's exporter loop, Prometheus with the repository's
 # alert rules, Alertmanager, and a webhook standing in for SNS (.local_cluster/log/alerts.log).
-# Everything the cluster writes lives under .local_cluster/ in the repository root.
+# Users as on ParallelCluster: the cluster's default user ec2-user (cfn_cluster_user: it owns the
+# folders the node setup makes and has the Slurm associations) and ssm-user (Session Manager's login,
+# with sudo and no Slurm account); `login` starts a shell as one of them. Jobs the tests submit
+# themselves still run as root.
+# Everything the cluster writes lives under .local_cluster/ in the repository root; beside it, `up`
+# creates the two users (kept by `down`, as the packages are) and the empty mount points /fsx and
+# /opt/llm-jobs (removed by `down`).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -82,7 +92,13 @@ NODE_CPUS=2
 NODE_MEMORY_MB=4096
 
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux procps
-  prometheus prometheus-alertmanager prometheus-node-exporter curl)
+  prometheus prometheus-alertmanager prometheus-node-exporter curl sudo)
+
+# ParallelCluster's default user on Amazon Linux (cfn_cluster_user), and the user Session Manager
+# logs in as (the SSM agent creates it with passwordless sudo).
+CLUSTER_USER=ec2-user
+LOGIN_USER=ssm-user
+JOBS_HOME_MOUNT=/opt/llm-jobs  # where every node mounts the head node's jobs home (JOBS_HOME_DIR)
 
 log() { printf '[local-cluster] %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -169,6 +185,47 @@ any_alive() {
 
 record() { echo "$1" >>"$RUN/created"; }
 recorded() { [[ -f $RUN/created ]] && grep -qx "$1" "$RUN/created"; }
+
+# --- users -------------------------------------------------------------------------------------
+# The cluster user and the login user, as the AMI and the SSM agent make them. Kept across `down`:
+# files they own on the stand-in FSx outlive the cluster, as on FSx.
+create_users() {
+  local user
+  for user in "$CLUSTER_USER" "$LOGIN_USER"; do
+    id "$user" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$user"
+  done
+  printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$LOGIN_USER" >/etc/sudoers.d/ssm-agent-users
+  chmod 0440 /etc/sudoers.d/ssm-agent-users
+}
+
+# The jobs' interpreter is the host's Python that .venv was made from; on ParallelCluster it is
+# /usr/bin/python3.11, which every user can run. A Python under a private home (pyenv under /root,
+# mode 0700) would stop every job of the cluster user, so `up` grants traverse (o+x, not read) on
+# each folder in the way, and `down` takes back what it granted. The default cluster only: its jobs
+# are the ones the cluster user submits.
+open_interpreter_path() {
+  local python dir
+  python=$(readlink -f "$REPO/.venv/bin/python")
+  for dir in "$(dirname "$(dirname "$python")")" "$REPO/.venv"; do
+    while [[ $dir != / ]]; do
+      if [[ $(stat -c %A "$dir") != *[xt] ]]; then  # t: sticky and searchable
+        chmod o+x "$dir"
+        record "traverse:$dir"
+        log "granted traverse (o+x) on $dir: the cluster user runs the jobs' interpreter $python"
+      fi
+      dir=$(dirname "$dir")
+    done
+  done
+}
+
+close_interpreter_path() {
+  local line
+  [[ -f $RUN/created ]] || return 0
+  while read -r line; do
+    [[ $line == traverse:* ]] && chmod o-x "${line#traverse:}"
+  done <"$RUN/created"
+  return 0
+}
 
 # --- configuration ----------------------------------------------------------------------------
 write_config() {
@@ -471,9 +528,17 @@ cmd_up() {
   write_config
   write_monitoring_config
   install_config
+  create_users
   if [[ ! -d /fsx ]]; then
     mkdir /fsx
     [[ -n $NAME ]] || record "fsx_mountpoint"
+  fi
+  if [[ -z $NAME ]]; then
+    open_interpreter_path
+    if [[ ! -d $JOBS_HOME_MOUNT ]]; then
+      mkdir -p "$JOBS_HOME_MOUNT"
+      record "jobs_home_mountpoint"
+    fi
   fi
   # Removing /fsx would detach every node's mounts on it, the other cluster's too: a named cluster
   # never removes it, and its mark keeps the default cluster's `down` from removing it meanwhile.
@@ -547,9 +612,9 @@ cmd_reboot() {
 }
 
 cmd_down() {
-  local node daemons
+  local node daemons user
   if command -v scancel >/dev/null && live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null; then
-    scancel --quiet --full "--user=$(id -un)" 2>/dev/null || true
+    for user in "$(id -un)" "$CLUSTER_USER"; do scancel --quiet --full "--user=$user" 2>/dev/null || true; done
   fi
   # Monitoring stops with the Slurm daemons (one wait for all): Prometheus evaluates nothing after its
   # SIGTERM, so the cluster going down raises no alert.
@@ -571,6 +636,8 @@ cmd_down() {
   fi
   [[ -z $NAME ]] || rm -f "/fsx/.in-use-by-$NAME"
   if recorded fsx_mountpoint; then rmdir /fsx 2>/dev/null || log "kept /fsx: not empty"; fi
+  if recorded jobs_home_mountpoint; then rmdir "$JOBS_HOME_MOUNT" 2>/dev/null || log "kept $JOBS_HOME_MOUNT: not empty"; fi
+  close_interpreter_path
   rm -rf "$RUN"
   log "down"
 }
@@ -619,14 +686,40 @@ cmd_rollup() {
   fi
 }
 
+# A login on the head node, as `aws ssm start-session` then gives one: a login shell as USER
+# (default ssm-user) with the environment reset, /fsx and /opt/llm-jobs mounted as on the head node (in a
+# mount namespace of its own: the host's mount table stays as it was). Commands on stdin run as if
+# typed, `sudo su - ec2-user` included (a shell reading a pipe leaves the rest of it to that one):
+#   local_cluster/cluster.sh login <<'EOF'
+#   sudo su - ec2-user
+#   cd /opt/llm-jobs/bundle && bash jobs/submit.sh model1
+#   EOF
+cmd_login() {
+  [[ $(id -u) == 0 ]] || die "needs root (a mount namespace, then the user's shell)"
+  [[ -z $NAME ]] || die "login is for the default cluster: a named one mounts no /opt/llm-jobs"
+  live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null || die "the cluster is not up — start it with '$0 up'"
+  local user=${1:-$LOGIN_USER}
+  id "$user" >/dev/null 2>&1 || die "no user '$user' on this machine (the cluster's are $CLUSTER_USER and $LOGIN_USER)"
+  exec unshare --mount --propagation private -- "$SELF" _login "$user"
+}
+
+# Inside the login's mount namespace (internal command).
+cmd_login_inside() {
+  mount_shared_storage
+  mount_jobs_home
+  exec runuser --login "$1"
+}
+
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   reboot) shift; cmd_reboot "$@" ;;
   rollup) cmd_rollup ;;
+  login) shift; cmd_login "$@" ;;
   # Internal: a node's boot inside its namespaces; the head node's OnNodeConfigured in its own.
   _boot-node) cmd_boot_node "$2" ;;
   _boot-head-configured) cmd_boot_head_configured ;;
-  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status|reboot NODE...|rollup" >&2; exit 2 ;;
+  _login) cmd_login_inside "$2" ;;
+  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status|reboot NODE...|rollup|login [USER]" >&2; exit 2 ;;
 esac

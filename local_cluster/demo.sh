@@ -12,6 +12,7 @@ cd "$REPO"
 "$REPO/local_cluster/cluster.sh" up
 # Jobs run the repository's venv from the shared file system (sbatch exports this environment).
 export JOBS_VENV="${JOBS_VENV:-$REPO/.venv}"
+export CLUSTER_ENV=/dev/null  # no deployment buckets here (local_cluster/client.py, HARNESS_ENV)
 
 # Wait for a job to end (the one wait helper, local_cluster/client.py); non-zero unless it completed.
 wait_job() { "$JOBS_VENV/bin/python" -m local_cluster.client wait "$1" --timeout 600; }

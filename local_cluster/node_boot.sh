@@ -85,7 +85,7 @@ EOF
 # ParallelCluster writes these node facts before the custom actions run.
 write_cfnconfig() {
   install -d -m 0755 "$NODE_LOCAL/etc/parallelcluster"
-  printf 'cfn_node_type=%s\ncfn_cluster_user=%s\n' "$1" "$(id -un)" >"$NODE_LOCAL/etc/parallelcluster/cfnconfig"
+  printf 'cfn_node_type=%s\ncfn_cluster_user=%s\n' "$1" "$CLUSTER_USER" >"$NODE_LOCAL/etc/parallelcluster/cfnconfig"
 }
 
 # A fresh disk for a node that boots: nothing from an earlier boot may hide a missing install step.
@@ -161,6 +161,14 @@ mount_shared_storage() {
   done <"$PLAN/shared_storage"
 }
 
+# The head node's jobs home, where jobs/env.sh looks for the venv and cluster.env and where the cluster
+# user submits from (/opt/llm-jobs/bundle): ParallelCluster's NFS export of the head node's volume.
+# The default cluster only (a named one has no mount point of its own for it).
+mount_jobs_home() {
+  [[ -z ${NAME:-} ]] || return 0
+  mount --bind "$JOBS_HOME_DIR" "$JOBS_HOME_MOUNT"
+}
+
 # --- the head node (this host) ---------------------------------------------------------------------
 boot_head_start() {
   rm -f "$BOOT"/head.*
@@ -199,6 +207,7 @@ cmd_boot_node() {
   write_cfnconfig ComputeFleet
   run_action "$node" ComputeFleet OnNodeStart "$PLAN/$LOCAL_QUEUE.OnNodeStart" || exit 1
   mount_shared_storage
+  mount_jobs_home
   run_action "$node" ComputeFleet OnNodeConfigured "$PLAN/$LOCAL_QUEUE.OnNodeConfigured" || exit 1
   printf '%s %s: custom actions done, starting slurmd\n' "$(date -u +%FT%TZ)" "$node"
   exec slurmd -N "$node"

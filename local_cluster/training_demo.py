@@ -3,7 +3,7 @@ resumed, then each model's node-hours from the accounting database.
 
     .venv/bin/python -m local_cluster.training_demo      (from the repository root, cluster up)
 
-1. builds dev's dataset on the stand-in FSx (/fsx/data/tokenized-sample, its tokenizer beside it) and
+1. builds dev's dataset on the stand-in FSx (/fsx/data/tokenized/sample, its tokenizer beside it) and
    clears the stand-in's checkpoints and metrics of model1 and model2 for a fresh run;
 2. a submission its preflight refuses (model1 at seq_len 256; the data holds 128): no node is taken;
 3. ``bash jobs/submit.sh model1`` (2 nodes) and ``model2`` (1 node): each passes its preflight and
@@ -29,7 +29,7 @@ from training import plot
 from training.status import read_metrics
 
 from . import demo_data
-from .client import REPO, job_records, wait_for_job
+from .client import HARNESS_ENV, REPO, job_records, wait_for_job
 
 SHARE_LIMITS = ("QOSGrpJobsLimit", "QOSGrpNodeLimit", "QOSMaxJobsPerUserLimit")
 
@@ -70,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     fsx = Path(args.fsx)
 
-    demo_data.build(fsx / "data/tokenized-sample")
+    demo_data.build(fsx / "data/tokenized/sample")
     for model in ("model1", "model2"):
         shutil.rmtree(fsx / "checkpoints" / model, ignore_errors=True)  # the local stand-in only
         (fsx / "logs" / model).mkdir(parents=True, exist_ok=True)  # Slurm does not create it
         (fsx / "logs" / model / "metrics.jsonl").unlink(missing_ok=True)
     # What the head node has: the file systems at their paths (here the stand-in's host paths, which the
     # nodes see too), the jobs' venv; no GPUs on these nodes.
-    env = {**os.environ, "JOBS_VENV": os.environ.get("JOBS_VENV", str(REPO / ".venv")),
+    env = {**os.environ, **HARNESS_ENV, "JOBS_VENV": os.environ.get("JOBS_VENV", str(REPO / ".venv")),
            "FSX_DATA": str(fsx / "data"), "FSX_CHECKPOINTS": str(fsx / "checkpoints"), "FSX_LOGS": str(fsx / "logs"),
            "SBATCH_GPUS_PER_NODE": "0"}
     ok = True

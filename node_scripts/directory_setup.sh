@@ -189,6 +189,19 @@ build_jobs_venv() {
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   if [[ -n "$JOBS_VENV_SITE_PACKAGES" ]]; then
     printf '%s\n' "$JOBS_VENV_SITE_PACKAGES" >"$site/llm-jobs-packages.pth"
+    # The packages' commands (torchrun, ...), as pip would have written them into the venv's bin/.
+    "$venv/bin/python" - "$venv/bin" <<'EOF_SCRIPTS'
+import importlib.metadata, os, sys
+bin_dir = sys.argv[1]
+for dist in importlib.metadata.distributions():
+    for entry in dist.entry_points.select(group="console_scripts"):
+        path = os.path.join(bin_dir, entry.name)
+        if not os.path.exists(path):
+            with open(path, "w") as script:
+                script.write(f"#!{bin_dir}/python\nimport sys\nfrom {entry.module} import {entry.attr.split('.')[0]}\n"
+                             f"sys.exit({entry.attr}())\n")
+            os.chmod(path, 0o755)
+EOF_SCRIPTS
     log "jobs venv $venv built with $JOBS_PYTHON; packages from $JOBS_VENV_SITE_PACKAGES (JOBS_VENV_SITE_PACKAGES: a stand-in for PyPI, not for a real cluster)"
   else
     rm -f "$site/llm-jobs-packages.pth"
@@ -206,9 +219,10 @@ write_cluster_env() {
   install -d -m 2775 -o "$OWNER" -g "$GROUP" "$JOBS_HOME/tools"
   # What only the deployment knows, for jobs/env.sh to pick up on every node.
   # CHECKPOINT_S3_URI: where the backup job copies final checkpoints (the backup bucket);
-  # DATA_S3_URI: where tokenized datasets are synced (the data bucket).
-  printf '# Written by directory_setup.sh; sourced by jobs/env.sh.\nexport CHECKPOINT_S3_URI=%q\nexport DATA_S3_URI=%q\n' \
-    "$checkpoint_uri" "$data_uri" >"$JOBS_HOME/cluster.env"
+  # DATA_S3_URI: where tokenized datasets are synced (the data bucket);
+  # CLUSTER_USER: who has the Slurm associations (jobs/submit.sh names it to a user without one).
+  printf '# Written by directory_setup.sh; sourced by jobs/env.sh.\nexport CHECKPOINT_S3_URI=%q\nexport DATA_S3_URI=%q\nexport CLUSTER_USER=%q\n' \
+    "$checkpoint_uri" "$data_uri" "$OWNER" >"$JOBS_HOME/cluster.env"
 }
 
 check_jobs_venv() {

@@ -18,6 +18,7 @@ REPO=$PWD
 # shellcheck disable=SC1091
 source .venv/bin/activate
 export JOBS_VENV="$REPO/.venv"          # the nodes run this venv from the shared file system
+export CLUSTER_ENV=/dev/null             # no deployment buckets here (local_cluster/client.py, HARNESS_ENV)
 export PYTHONPATH="$REPO/jobs${PYTHONPATH:+:$PYTHONPATH}"
 FSX_HOST="$REPO/.local_cluster/fsx"     # what the nodes see as /fsx
 

@@ -115,8 +115,8 @@ def test_every_node_booted_through_the_rendered_custom_actions_on_its_own_disk(s
             script = action["Script"].rsplit("/", 1)[1]
             assert f"{node} {event}: {action['Script']}\n  args: {' '.join(local_args(action))}" in log, (node, event, log)
             assert f"{node} {event}: {script} exit 0 after" in log, (node, event, log)
-        assert f"cfnconfig: cfn_node_type={node_type} cfn_cluster_user=root" in log
-        assert f"directory_setup: start: node type {node_type}, owner root, models: model1 model2" in log
+        assert f"cfnconfig: cfn_node_type={node_type} cfn_cluster_user=ec2-user" in log
+        assert f"directory_setup: start: node type {node_type}, owner ec2-user, models: model1 model2" in log
     assert "--gpus 4" in " ".join(map(str, actions["gpu"]["OnNodeConfigured"]["Args"]))  # dev's g5.12xlarge ...
     assert "[local: --gpus 4 -> 0, no GPUs here]" in (BASE / "log" / "boot-node1.log").read_text()  # ... none here
 

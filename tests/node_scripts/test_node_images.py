@@ -151,8 +151,10 @@ class Cluster:
                 f"cfn_node_type={facts['cfn_node_type']}\ncfn_cluster_user={facts['cfn_cluster_user']}\n{queue}")
         user, uid = AMI["cluster_user"], _free_id()
         on("/etc").mkdir(exist_ok=True)
-        on("/etc/passwd").write_text(Path("/etc/passwd").read_text() + f"{user}:x:{uid}:{uid}::/home/{user}:/bin/bash\n")
-        on("/etc/group").write_text(Path("/etc/group").read_text() + f"{user}:x:{uid}:\n")
+        # The host's users but its own ec2-user (the local cluster creates one on the host too).
+        for name, line in (("passwd", f"{user}:x:{uid}:{uid}::/home/{user}:/bin/bash"), ("group", f"{user}:x:{uid}:")):
+            host = [entry for entry in Path(f"/etc/{name}").read_text().splitlines() if not entry.startswith(f"{user}:")]
+            on(f"/etc/{name}").write_text("\n".join([*host, line]) + "\n")
         on("/var/log").mkdir(parents=True, exist_ok=True)
         return root
 

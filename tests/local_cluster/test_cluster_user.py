@@ -1,0 +1,183 @@
+"""The runbook's first day, walked as its user on the local cluster.
+
+Session Manager logs people in as ssm-user; `local_cluster/cluster.sh login` stands in for
+`aws ssm start-session` (a login shell on the head node, /fsx and /opt/llm-jobs mounted as there). What
+follows is typed into that shell as README and the docs write it: `sudo su - ec2-user`, then from
+/opt/llm-jobs/bundle tokenize model1's data, submit model1 through its preflight, watch it and export
+it. Every job runs as ec2-user and writes what ec2-user owns, and the follow-on jobs (the dataset's sync,
+the final checkpoint's backup) reach the deployment's buckets as cluster.env names them: a moto S3
+server on the head node's address (the AWS boundary), with ec2-user's ~/.aws standing in for the
+instance profile. Three local departures, each typed where it applies: the nodes have no GPUs
+(SBATCH_GPUS_PER_NODE=0), 2 CPUs (preprocessing asks --cpus-per-task=2) and 4 GiB (the export asks --mem=2G).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import boto3
+import pytest
+
+from local_cluster import demo_data
+from local_cluster.client import REPO, wait_for_job
+from tests.s3_server import s3_server
+
+pytestmark = pytest.mark.slurm
+
+CLUSTER_USER = "ec2-user"
+JOBS_HOME = REPO / ".local_cluster/opt/llm-jobs"  # the head node's /opt/llm-jobs
+
+
+def login(typed: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """A Session Manager session on the head node: ``typed`` goes in line by line, as at the prompt."""
+    return subprocess.run([str(REPO / "local_cluster/cluster.sh"), "login"], input=textwrap.dedent(typed),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def submitted(result: subprocess.CompletedProcess) -> str:
+    found = re.findall(r"Submitted batch job (\d+)", result.stdout)
+    assert len(found) == 1, result.stdout + result.stderr
+    return found[0]
+
+
+def queued_by(log: Path, pattern: str) -> str:
+    """The id of the follow-on job a job's log says it queued."""
+    found = re.search(pattern, log.read_text())
+    assert found, log.read_text()
+    return found.group(1)
+
+
+def test_the_session_manager_user_is_told_to_become_the_cluster_user(slurm_cluster):
+    result = login("""\
+        id -un
+        cd /opt/llm-jobs/bundle && bash jobs/submit.sh model1
+        echo "exit $?"
+        """)
+    assert result.stdout.splitlines()[0] == "ssm-user"
+    assert "exit 2" in result.stdout
+    assert ("error: user ssm-user has no Slurm account on this cluster — become the cluster's user first: "
+            "sudo su - ec2-user, then cd /opt/llm-jobs/bundle and run this again") in result.stderr
+
+    became = login("""\
+        sudo su - ec2-user
+        id -un
+        sacctmgr --noheader --parsable2 show associations where user=ec2-user format=account | sort | tr '\\n' ' '
+        """)
+    assert became.stdout.splitlines()[0] == CLUSTER_USER, became.stderr
+    assert {"model1", "model2", "ops"} <= set(became.stdout.splitlines()[1].split())
+
+
+@pytest.fixture
+def deployment_buckets(slurm_cluster):
+    """The data and backup buckets cluster.env names, served on the head node's address, and ec2-user's
+    credentials and endpoint for them (on AWS: the instance profile, and S3's own endpoint)."""
+    facts = dict(re.findall(r"^export (\w+)=(\S+)$", (JOBS_HOME / "cluster.env").read_text(), re.M))
+    buckets = {"data": facts["DATA_S3_URI"].removeprefix("s3://"),
+               "backups": facts["CHECKPOINT_S3_URI"].removeprefix("s3://")}
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    head = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config).group(1)
+    aws = Path(f"/home/{CLUSTER_USER}/.aws")
+    with s3_server(head) as url:
+        s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                          region_name="us-east-1")
+        for bucket in buckets.values():
+            s3.create_bucket(Bucket=bucket)
+        aws.mkdir(exist_ok=True)
+        (aws / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\n")
+        (aws / "credentials").write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+        shutil.chown(aws, CLUSTER_USER)
+        for path in aws.iterdir():
+            shutil.chown(path, CLUSTER_USER)
+        try:
+            yield s3, buckets
+        finally:
+            shutil.rmtree(aws)
+
+
+def as_the_node_setup_makes(folder: Path) -> None:
+    """Empty, the cluster user's, setgid (directory_setup.sh's make_dir): the tests' root jobs earlier in the
+    session leave root's folders in it (its code snapshots, say), which no job of a real cluster makes."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    shutil.chown(folder, CLUSTER_USER, CLUSTER_USER)
+    folder.chmod(0o2775)
+
+
+@pytest.fixture
+def model1_from_scratch(slurm_cluster):
+    """model1's dataset removed and its checkpoint and log folders as a new cluster has them (the stand-in
+    only, as the demo clears them); its corpus and tokenizer left as an upload to the data bucket leaves
+    them on FSx (root's, readable). Afterwards the other tests' dataset is rebuilt as they expect it."""
+    dataset = slurm_cluster.fsx / "data/tokenized/sample"
+    demo_data.build(dataset)  # the corpus and tokenizer beside it, in sample.src
+    shutil.rmtree(dataset)
+    for folder in ("checkpoints/model1", "logs/model1", "logs/model1/tensorboard"):
+        as_the_node_setup_makes(slurm_cluster.fsx / folder)
+    yield dataset
+    shutil.rmtree(dataset, ignore_errors=True)
+    demo_data.build(dataset)
+
+
+def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bundle(
+        slurm_cluster, deployment_buckets, model1_from_scratch):
+    s3, buckets = deployment_buckets
+    dataset, fsx = model1_from_scratch, slurm_cluster.fsx
+
+    # Tokenize model1's data (docs/data_pipeline.md): one task per raw file; the sync to S3 follows.
+    tokenize = login("""\
+        sudo su - ec2-user
+        cd /opt/llm-jobs/bundle
+        MODEL=model1 RAW_DIR=/fsx/data/tokenized/sample.src/raw sbatch --array=0-1 --cpus-per-task=2 jobs/preprocess.sh
+        """)
+    array = submitted(tokenize)
+    assert wait_for_job(array, timeout=300) == ("COMPLETED", 0), list((fsx / "logs/data").glob(f"*{array}*"))
+    sync = queued_by(fsx / f"logs/data/preprocess_{array}_0.out", r"sync to S3: job (\d+)")
+    sync_log = fsx / f"logs/data/sync-dataset_{sync}.out"
+    assert wait_for_job(sync, timeout=300) == ("COMPLETED", 0), sync_log.read_text()
+    made = [dataset, dataset / "dataset.json", fsx / f"logs/data/preprocess_{array}_0.out"]
+    assert {path.owner() for path in made} == {CLUSTER_USER}
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=buckets["data"], Prefix="tokenized/sample/")["Contents"]}
+    assert {"tokenized/sample/dataset.json", "tokenized/sample/manifest.json"} <= keys
+
+    # Submit through the preflight; the backup job follows the finished run.
+    train = login("""\
+        sudo su - ec2-user
+        cd /opt/llm-jobs/bundle && SBATCH_GPUS_PER_NODE=0 bash jobs/submit.sh model1 train.steps=20
+        """)
+    job = submitted(train)
+    assert "ok: dataset /fsx/data/tokenized/sample (seq_len 128" in train.stdout, train.stdout + train.stderr
+    log = fsx / f"logs/model1/model1_{job}.err"
+    assert wait_for_job(job, timeout=600) == ("COMPLETED", 0), log.read_text()[-3000:] if log.exists() else train.stderr
+    account = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=User,Account"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert account[0] == f"{CLUSTER_USER}|model1"
+    checkpoints = fsx / "checkpoints/model1"
+    assert {path.owner() for path in (checkpoints / "latest", log, fsx / "logs/model1/metrics.jsonl")} == {CLUSTER_USER}
+    backup = queued_by(fsx / f"logs/model1/model1_{job}.out", r"backup: job (\d+)")
+    backup_log = fsx / f"logs/backups/backup-model1_{backup}.out"
+    assert wait_for_job(backup, timeout=300) == ("COMPLETED", 0), backup_log.read_text()
+    backed_up = s3.list_objects_v2(Bucket=buckets["backups"], Prefix="model1/")
+    assert any(o["Key"].endswith("train_meta.json") for o in backed_up.get("Contents", [])), backed_up
+
+    # Watch it (docs/training.md, "Status of every model") and export it (its last checkpoint, step 20).
+    watch = login("""\
+        sudo su - ec2-user
+        cd /opt/llm-jobs/bundle && source jobs/env.sh && python -m training.status model1 --json
+        """)
+    [status] = json.loads(watch.stdout)
+    assert (status["name"], status["step"], status["run_status"]) == ("model1", 20, "complete"), status
+    export = login("""\
+        sudo su - ec2-user
+        cd /opt/llm-jobs/bundle && sbatch --mem=2G jobs/export.sh model1
+        """)
+    exported = submitted(export)
+    export_log = fsx / f"logs/export/export_{exported}.out"
+    assert wait_for_job(exported, timeout=300) == ("COMPLETED", 0), export_log.read_text()
+    folder = checkpoints / "export/step_00000020"
+    assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors")), list(folder.iterdir())
+    assert (folder / "config.json").owner() == CLUSTER_USER
