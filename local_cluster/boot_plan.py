@@ -1,12 +1,15 @@
 """What the local cluster's nodes boot with (``local_cluster/cluster.sh up`` runs this first).
 
     python -m local_cluster.boot_plan --env dev --s3 .local_cluster/s3 --out .local_cluster/run/boot/plan
+        [--config-dir DIR]    the folder of <env>.yaml (default cluster_config/; `cluster.sh update` rehearses
+                              a changed one: LOCAL_CLUSTER_CONFIG_DIR)
 
 1. Renders the environment's ParallelCluster config (``cluster_config.render``, placeholder ids, as
    ``python -m cluster_config render --env dev`` prints it) and writes, into ``--out``:
 
      cluster.yaml                         the rendered config
-     HeadNode.<event>, <queue>.<event>    each custom action (OnNodeStart, OnNodeConfigured): its Script
+     HeadNode.<event>, <queue>.<event>    each custom action (OnNodeStart, OnNodeConfigured, the head node's
+                                          OnNodeUpdated): its Script
                                           on the first line, then its Args, one a line
      shared_storage                       the FSx file systems' MountDir, one a line (mounted between the
                                           two actions, as ParallelCluster mounts SharedStorage)
@@ -46,10 +49,10 @@ from cluster_config.render import (
     render_cluster_config,
     to_yaml,
 )
-from cluster_config.settings import SettingsError, load_settings
+from cluster_config.settings import CONFIG_DIR, SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
-EVENTS = ("OnNodeStart", "OnNodeConfigured")
+EVENTS = ("OnNodeStart", "OnNodeConfigured", "OnNodeUpdated")
 
 
 class PlanError(ValueError):
@@ -100,8 +103,8 @@ def custom_actions(config: dict) -> dict[str, dict]:
     return actions
 
 
-def write_plan(env: str, s3_root: Path, out: Path, jobs_dir: Path) -> None:
-    settings = load_settings(env)
+def write_plan(env: str, s3_root: Path, out: Path, jobs_dir: Path, config_dir: Path = CONFIG_DIR) -> None:
+    settings = load_settings(env, config_dir)
     resources = ClusterResources.placeholders(settings)
     config = render_cluster_config(settings, resources)
 
@@ -150,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--s3", required=True, type=Path, help="the stand-in S3 folder (<bucket>/<key> under it)")
     parser.add_argument("--out", required=True, type=Path, help="where the custom actions and mounts are written")
     parser.add_argument("--jobs", type=Path, default=REPO / "jobs", help="the checkout's jobs folder (default: jobs/)")
+    parser.add_argument("--config-dir", type=Path, default=CONFIG_DIR, help="the folder of <env>.yaml (default: cluster_config/)")
     args = parser.parse_args(argv)
     try:
-        write_plan(args.env, args.s3, args.out, args.jobs)
+        write_plan(args.env, args.s3, args.out, args.jobs, args.config_dir)
     except (SettingsError, RenderError, PlanError) as exc:
         return fail(exc)
     return 0

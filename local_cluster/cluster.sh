@@ -11,6 +11,9 @@
 #                                     editing node_scripts/); exits 1 if one stays out of service
 #   local_cluster/cluster.sh rollup   roll the hour in progress up now, so that sreport's cluster and
 #                                     user reports show it (provisional: see cmd_rollup)
+#   local_cluster/cluster.sh update   as `pcluster update-cluster` after a settings change (a model added
+#                                     or removed): render the config again, then the head node's
+#                                     OnNodeUpdated (see cmd_update)
 #   local_cluster/cluster.sh login [USER]
 #                                     a login shell on the head node as USER (default ssm-user, whom
 #                                     `aws ssm start-session` logs in): /fsx and /opt/llm-jobs mounted
@@ -686,6 +689,31 @@ cmd_rollup() {
   fi
 }
 
+# As `pcluster update-cluster` on a config rendered from changed settings: the stand-in assets bucket
+# and the checkout's model jobs refilled (what `cdk deploy` does), then the head node's OnNodeUpdated
+# action runs, as ParallelCluster runs it on an update (directory_setup.sh: the bundle synced again,
+# added models' accounts, QOS and folders made, removed ones retired). LOCAL_CLUSTER_CONFIG_DIR names
+# a folder holding a changed <env>.yaml (default cluster_config/), so a test changes no tracked file.
+cmd_update() {
+  [[ $(id -u) == 0 ]] || die "needs root (a mount namespace for the head node's action)"
+  live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null || die "the cluster is not up — start it with '$0 up'"
+  local start=$EPOCHREALTIME
+  make_plan
+  write_action_env
+  sed -i '/\tOnNodeUpdated\t/d' "$BOOT/head.results" 2>/dev/null || true
+  rm -f "$BOOT/head.failed"
+  unshare --mount --propagation private -- "$SELF" _update-head ||
+    die "the head node's OnNodeUpdated failed ($(cat "$BOOT/head.failed" 2>/dev/null || echo "see the log")); see $LOGS/boot-head.log. On ParallelCluster the update rolls back"
+  print_boot_table head
+  log "updated in $(elapsed "$start") s: $BOOT_ENV's config from ${LOCAL_CLUSTER_CONFIG_DIR:-$REPO/cluster_config}"
+}
+
+# Inside the head node's private mount namespace (internal command).
+cmd_update_head() {
+  mount_shared_storage
+  run_action head HeadNode OnNodeUpdated "$PLAN/HeadNode.OnNodeUpdated"
+}
+
 # A login on the head node, as `aws ssm start-session` then gives one: a login shell as USER
 # (default ssm-user) with the environment reset, /fsx and /opt/llm-jobs mounted as on the head node (in a
 # mount namespace of its own: the host's mount table stays as it was). Commands on stdin run as if
@@ -717,9 +745,11 @@ case "${1:-}" in
   reboot) shift; cmd_reboot "$@" ;;
   rollup) cmd_rollup ;;
   login) shift; cmd_login "$@" ;;
+  update) cmd_update ;;
   # Internal: a node's boot inside its namespaces; the head node's OnNodeConfigured in its own.
   _boot-node) cmd_boot_node "$2" ;;
   _boot-head-configured) cmd_boot_head_configured ;;
   _login) cmd_login_inside "$2" ;;
-  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status|reboot NODE...|rollup|login [USER]" >&2; exit 2 ;;
+  _update-head) cmd_update_head ;;
+  *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status|reboot NODE...|rollup|update|login [USER]" >&2; exit 2 ;;
 esac

@@ -48,7 +48,7 @@ make_plan() {
   [[ -x $python ]] || die "no $python: run make deps (the nodes' jobs interpreter and packages come from .venv)"
   mkdir -p "$BOOT" "$S3_DIR" "$NODE_LOCAL" "$JOBS_HOME_DIR" "$SLURM_ETC_DIR"
   if ! (cd "$REPO" && "$python" -m local_cluster.boot_plan --env "$BOOT_ENV" --s3 "$S3_DIR" --out "$PLAN" \
-    --jobs "$MODEL_JOBS") >"$LOGS/boot-plan.log" 2>&1; then
+    --jobs "$MODEL_JOBS" --config-dir "${LOCAL_CLUSTER_CONFIG_DIR:-$REPO/cluster_config}") >"$LOGS/boot-plan.log" 2>&1; then
     die "cannot render $BOOT_ENV's cluster config for the nodes' custom actions: $(tail -n 1 "$LOGS/boot-plan.log")"
   fi
 }

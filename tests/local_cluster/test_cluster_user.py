@@ -14,6 +14,7 @@ instance profile. Three local departures, each typed where it applies: the nodes
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import yaml
 
 from local_cluster import demo_data
 from local_cluster.client import REPO, wait_for_job
@@ -50,6 +52,11 @@ def queued_by(log: Path, pattern: str) -> str:
     found = re.search(pattern, log.read_text())
     assert found, log.read_text()
     return found.group(1)
+
+
+def user_and_account(job: str) -> str:
+    return subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=User,Account"],
+                          capture_output=True, text=True, check=True).stdout.split()[0]
 
 
 def test_the_session_manager_user_is_told_to_become_the_cluster_user(slurm_cluster):
@@ -153,9 +160,7 @@ def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bund
     assert "ok: dataset /fsx/data/tokenized/sample (seq_len 128" in train.stdout, train.stdout + train.stderr
     log = fsx / f"logs/model1/model1_{job}.err"
     assert wait_for_job(job, timeout=600) == ("COMPLETED", 0), log.read_text()[-3000:] if log.exists() else train.stderr
-    account = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=User,Account"],
-                             capture_output=True, text=True, check=True).stdout.split()
-    assert account[0] == f"{CLUSTER_USER}|model1"
+    assert user_and_account(job) == f"{CLUSTER_USER}|model1"
     checkpoints = fsx / "checkpoints/model1"
     assert {path.owner() for path in (checkpoints / "latest", log, fsx / "logs/model1/metrics.jsonl")} == {CLUSTER_USER}
     backup = queued_by(fsx / f"logs/model1/model1_{job}.out", r"backup: job (\d+)")
@@ -181,3 +186,49 @@ def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bund
     folder = checkpoints / "export/step_00000020"
     assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors")), list(folder.iterdir())
     assert (folder / "config.json").owner() == CLUSTER_USER
+
+
+def update(config_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """`pcluster update-cluster` after `cdk deploy` of the settings in ``config_dir`` (default: the checkout's)."""
+    env = {**os.environ, "LOCAL_CLUSTER_CONFIG_DIR": str(config_dir)} if config_dir else {
+        k: v for k, v in os.environ.items() if k != "LOCAL_CLUSTER_CONFIG_DIR"}
+    return subprocess.run([str(REPO / "local_cluster/cluster.sh"), "update"], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_model_added_to_the_settings_trains_after_the_update_and_retires_after_its_removal(
+        slurm_cluster, deployment_buckets, tmp_path):
+    """docs/deploy.md: a model added after `cdk deploy` reaches the running cluster with `pcluster
+    update-cluster`, whose head node action syncs the bundle and makes the model's account and folders."""
+    settings = yaml.safe_load((REPO / "cluster_config/dev.yaml").read_text())
+    settings["gpu_queue"]["max_count"] += 1  # a node more for it
+    settings["models"].append({**settings["models"][1], "name": "model3"})
+    (tmp_path / "dev.yaml").write_text(yaml.safe_dump(settings))
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")  # dev's models share this dataset
+    try:
+        updated = update(tmp_path)
+        assert updated.returncode == 0, updated.stdout + updated.stderr
+        assert re.search(r"head +HeadNode +OnNodeUpdated +0 ", updated.stdout), updated.stdout
+        assert (JOBS_HOME / "bundle/jobs/train_model3.sh").is_file()
+        assert (slurm_cluster.fsx / "checkpoints/model3").owner() == CLUSTER_USER
+        qos = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", "model3", "format=GrpTRES"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert qos == "node=1", qos
+
+        train = login("""\
+            sudo su - ec2-user
+            cd /opt/llm-jobs/bundle && SBATCH_GPUS_PER_NODE=0 bash jobs/submit.sh model3 train.steps=12
+            """)
+        job = submitted(train)
+        log = slurm_cluster.fsx / f"logs/model3/model3_{job}.err"
+        assert wait_for_job(job, timeout=600) == ("COMPLETED", 0), log.read_text()[-3000:] if log.exists() else ""
+        assert user_and_account(job) == f"{CLUSTER_USER}|model3"
+        backup = queued_by(slurm_cluster.fsx / f"logs/model3/model3_{job}.out", r"backup: job (\d+)")
+        assert wait_for_job(backup, timeout=300) == ("COMPLETED", 0)
+    finally:
+        restored = update()
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert not (JOBS_HOME / "bundle/jobs/train_model3.sh").exists() and not (REPO / "jobs/train_model3.sh").exists()
+    qos = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", "model3", "format=GrpTRES,GrpJobs"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert qos == "node=0|0", qos  # retired, its history kept
