@@ -195,6 +195,13 @@ fi
 action="$(python -m training.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
 case $action in
   requeue)
+    # scancel signals the steps and this shell apart: srun can end first and the trap fire only after
+    # decide (bash runs it between commands), and Slurm shows the job COMPLETING before then. A job
+    # being cancelled is never requeued (it was, once, on the local cluster).
+    if ((cancelled)) || [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *JobState=COMPLETING* ]]; then
+      echo "the job is being cancelled: not requeued"
+      exit "$rc"
+    fi
     # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored
     # (children inherit it) so the limit's restore below is not cut off; SIGKILL only comes after KillWait.
     trap '' TERM
