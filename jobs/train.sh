@@ -188,20 +188,17 @@ stop_monitor
 
 status="$(cat "$CKPT_DIR/STATUS" 2>/dev/null || echo none)"
 echo "training ended: srun exit $rc, status $status"
-if ((cancelled)); then
+# scancel (and the time limit) signal the steps and this shell apart: srun can end first and the trap
+# fire only later (it once did after decide, and the cancelled job was requeued). Slurm marks the job
+# COMPLETING before it signals anything, so a job being ended is seen either way: never requeued.
+if ((cancelled)) || [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *JobState=COMPLETING* ]]; then
+  echo "the job is being ended (scancel or its time limit): not requeued"
   exit "$rc"
 fi
 # complete | requeue | user-error | give-up, with the reason on stderr and an event in metrics.jsonl.
 action="$(python -m training.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
 case $action in
   requeue)
-    # scancel signals the steps and this shell apart: srun can end first and the trap fire only after
-    # decide (bash runs it between commands), and Slurm shows the job COMPLETING before then. A job
-    # being cancelled is never requeued (it was, once, on the local cluster).
-    if ((cancelled)) || [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *JobState=COMPLETING* ]]; then
-      echo "the job is being cancelled: not requeued"
-      exit "$rc"
-    fi
     # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored
     # (children inherit it) so the limit's restore below is not cut off; SIGKILL only comes after KillWait.
     trap '' TERM

@@ -95,6 +95,15 @@ class LocalCluster:
 
 # --- the one "wait for a Slurm job" helper: tests, the demos (also from shell: main below) -------
 
+def controller_address() -> str:
+    """The controller's address on the cluster bridge, which every node reaches (a test's S3 server listens there)."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True).stdout
+    found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config)
+    if not found:
+        raise RuntimeError(f"no SlurmctldHost address in scontrol show config:\n{config}")
+    return found.group(1)
+
+
 def job_records(job_id: str) -> list[dict[str, str]]:
     """``scontrol show job`` records for a job (several for a job array)."""
     result = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,

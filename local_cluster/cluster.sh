@@ -702,16 +702,10 @@ cmd_update() {
   write_action_env
   sed -i '/\tOnNodeUpdated\t/d' "$BOOT/head.results" 2>/dev/null || true
   rm -f "$BOOT/head.failed"
-  unshare --mount --propagation private -- "$SELF" _update-head ||
+  unshare --mount --propagation private -- "$SELF" _head-action OnNodeUpdated ||
     die "the head node's OnNodeUpdated failed ($(cat "$BOOT/head.failed" 2>/dev/null || echo "see the log")); see $LOGS/boot-head.log. On ParallelCluster the update rolls back"
   print_boot_table head
   log "updated in $(elapsed "$start") s: $BOOT_ENV's config from ${LOCAL_CLUSTER_CONFIG_DIR:-$REPO/cluster_config}"
-}
-
-# Inside the head node's private mount namespace (internal command).
-cmd_update_head() {
-  mount_shared_storage
-  run_action head HeadNode OnNodeUpdated "$PLAN/HeadNode.OnNodeUpdated"
 }
 
 # A login on the head node, as `aws ssm start-session` then gives one: a login shell as USER
@@ -748,8 +742,7 @@ case "${1:-}" in
   update) cmd_update ;;
   # Internal: a node's boot inside its namespaces; the head node's OnNodeConfigured in its own.
   _boot-node) cmd_boot_node "$2" ;;
-  _boot-head-configured) cmd_boot_head_configured ;;
+  _head-action) cmd_head_action "$2" ;;
   _login) cmd_login_inside "$2" ;;
-  _update-head) cmd_update_head ;;
   *) echo "error: unknown command '${1:-}' — usage: $0 up|down|status|reboot NODE...|rollup|update|login [USER]" >&2; exit 2 ;;
 esac

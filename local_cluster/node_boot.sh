@@ -179,14 +179,15 @@ boot_head_start() {
 }
 
 boot_head_configured() {
-  unshare --mount --propagation private -- "$SELF" _boot-head-configured || head_failed
+  unshare --mount --propagation private -- "$SELF" _head-action OnNodeConfigured || head_failed
   touch "$BOOT/head.booted"
 }
 
-# Inside the head node's private mount namespace (internal command).
-cmd_boot_head_configured() {
+# Inside the head node's private mount namespace, with the FSx mounts (internal command): its
+# OnNodeConfigured at boot, its OnNodeUpdated on `cluster.sh update`.
+cmd_head_action() {
   mount_shared_storage
-  run_action head HeadNode OnNodeConfigured "$PLAN/HeadNode.OnNodeConfigured"
+  run_action head HeadNode "$1" "$PLAN/HeadNode.$1"
 }
 
 head_failed() {

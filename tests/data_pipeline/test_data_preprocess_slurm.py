@@ -13,6 +13,7 @@ import pytest
 from data_pipeline.sample_data import make_sample
 from data_pipeline.upload import sha256_file
 from data_pipeline.validate import validate
+from local_cluster.client import controller_address
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -21,10 +22,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def data_bucket(slurm_cluster):
     """A real S3 API (moto_server; the AWS boundary) on the controller's address, which the nodes reach."""
-    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config)
-    assert found, config
-    with s3_server(found.group(1)) as url:
+    with s3_server(controller_address()) as url:
         client = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing",
                               aws_secret_access_key="testing", region_name="us-east-1")
         client.create_bucket(Bucket="data-test")

@@ -22,7 +22,7 @@ import boto3
 import pytest
 
 from local_cluster import demo_data
-from local_cluster.client import wait_for
+from local_cluster.client import controller_address, wait_for
 from local_cluster.training_job import TrainingJob
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
@@ -66,8 +66,7 @@ def cluster(slurm_cluster):
 @pytest.fixture(scope="module")
 def s3(slurm_cluster):
     """moto_server on the controller's address, which the nodes reach over the cluster bridge."""
-    found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", slurm("scontrol", "show", "config"))
-    with s3_server(found.group(1)) as url:
+    with s3_server(controller_address()) as url:
         client = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
                               region_name="us-east-1")
         client.create_bucket(Bucket="capacity-end-test")

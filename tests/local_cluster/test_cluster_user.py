@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from local_cluster import demo_data
-from local_cluster.client import REPO, wait_for_job
+from local_cluster.client import REPO, controller_address, wait_for_job
 from tests.s3_server import s3_server
 
 pytestmark = pytest.mark.slurm
@@ -86,10 +86,8 @@ def deployment_buckets(slurm_cluster):
     facts = dict(re.findall(r"^export (\w+)=(\S+)$", (JOBS_HOME / "cluster.env").read_text(), re.M))
     buckets = {"data": facts["DATA_S3_URI"].removeprefix("s3://"),
                "backups": facts["CHECKPOINT_S3_URI"].removeprefix("s3://")}
-    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    head = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config).group(1)
     aws = Path(f"/home/{CLUSTER_USER}/.aws")
-    with s3_server(head) as url:
+    with s3_server(controller_address()) as url:
         s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
                           region_name="us-east-1")
         for bucket in buckets.values():

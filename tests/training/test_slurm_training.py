@@ -21,6 +21,7 @@ import pytest
 
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 from local_cluster import demo_data
+from local_cluster.client import controller_address
 from local_cluster.training_job import worker_pids
 
 pytestmark = pytest.mark.slurm
@@ -97,10 +98,7 @@ def fsx(slurm_cluster):
 @pytest.fixture(scope="module")
 def s3(slurm_cluster):
     """moto_server on the controller's address, which the nodes reach over the cluster bridge."""
-    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    found = re.search(r"SlurmctldHost\S*\s*=\s*\S+\(([\d.]+)\)", config)
-    assert found, config
-    with s3_server(found.group(1)) as url:
+    with s3_server(controller_address()) as url:
         env = {**FAKE_AWS_ENV, "AWS_ENDPOINT_URL_S3": url}
         client = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing",
                               aws_secret_access_key="testing", region_name="us-east-1")
