@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps deps-cdk demo test test-fast synth validate destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk demo test test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -54,6 +54,10 @@ synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every envir
 
 validate: deps-cdk .venv-pcluster/.installed .venv-checkov/.installed  ## every environment: ParallelCluster's schema, then deployed into an emulated account: its validators, update checks, checkov
 	$(PY) -m cluster_config validate --all
+
+deploy: $(VENV)/.cdk-installed node_modules/.installed  ## cdk deploy ENV's stacks, once deploy-check finds the credentials' account and no example values
+	$(PY) -m cluster_config deploy-check --env $(ENV)
+	npx cdk deploy -c env=$(ENV) --all
 
 destroy: $(VENV)/.cdk-installed node_modules/.installed  ## cdk destroy ENV's stacks, once teardown-check finds no cluster and no protected database
 	$(PY) -m cluster_config teardown-check --env $(ENV)

@@ -15,6 +15,9 @@
                            deploy it into an emulated account and run ParallelCluster's validators and
                            update checks (cluster_config/emulated; --schema-only skips that)
   fsx-expected --env prod  print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh (provisioned MB/s per mount)
+  deploy-check --env prod [--endpoint-url URL]
+                           before cdk deploy (make deploy runs it): the credentials' account must be
+                           account:, and no shipped example value left (account, Capacity Block ids, e-mail)
   teardown-check --env prod [--endpoint-url URL]
                            before cdk destroy (make destroy runs it): the ParallelCluster cluster must be
                            deleted and the accounting database unprotected; each problem with its command
@@ -65,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     update = commands.add_parser("update-check", help="would a running cluster accept the settings change?")
     update.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     update.add_argument("--from", dest="base", required=True, help="the settings file the running cluster was deployed from")
+    deploy = commands.add_parser("deploy-check", help="may cdk deploy go ahead? (the credentials' account, no "
+                                                      "example values left)")
+    deploy.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    deploy.add_argument("--endpoint-url", help="another AWS API endpoint (the tests' emulated account)")
     teardown = commands.add_parser("teardown-check", help="may cdk destroy go ahead? (the cluster gone, the database "
                                                           "unprotected)")
     teardown.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
@@ -108,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {args.model_list}")
         elif args.command == "fsx-expected":
             print(fsx_expectations(load_settings(args.env)))
+        elif args.command == "deploy-check":
+            from cluster_config import deploy_check  # boto3: only these two commands talk to AWS
+
+            return deploy_check.main(load_settings(args.env), args.endpoint_url)
         elif args.command == "teardown-check":
             from cluster_config import teardown  # boto3: only this command talks to AWS
 
