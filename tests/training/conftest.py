@@ -51,6 +51,9 @@ def tiny_data(tmp_path_factory) -> Path:
     return demo_data.build(tmp_path_factory.mktemp("data") / "sample").path
 
 
+START_S = 90  # a forked launch logs its start within seconds, on a loaded machine too
+
+
 @dataclass
 class Run:
     """One training launch: its directories and, once finished, its output."""
@@ -95,7 +98,24 @@ class Run:
 
     def run(self, data: Path, *overrides: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "training.train")
             ) -> int:
-        return self.start(data, *overrides, nproc=nproc, program=program).wait()
+        """start, then wait. A launch that ends nothing and logs nothing within START_S is one whose forked
+        worker deadlocked at birth (forking a process that runs threads: the agent's store; fork_torchrun.py):
+        it printed nothing, wrote no metrics line, and sits at 0 % CPU. It is killed and launched once more
+        from the folders as they were, with a line saying so; a second such launch fails as a hang."""
+        metrics = self.logs / "metrics.jsonl"
+        before = metrics.stat().st_size if metrics.exists() else 0
+        self.start(data, *overrides, nproc=nproc, program=program)
+        deadline = time.monotonic() + START_S
+        while self.process.poll() is None and (metrics.stat().st_size if metrics.exists() else 0) == before:
+            if time.monotonic() > deadline:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                stuck, _ = self.process.communicate()
+                print(f"launch stuck before its first metrics line ({START_S} s, output: {stuck[-500:]!r}): "
+                      "launched again", file=sys.stderr)
+                self.start(data, *overrides, nproc=nproc, program=program)
+                break
+            time.sleep(0.2)
+        return self.wait()
 
     def records(self) -> list[dict]:
         path = self.logs / "metrics.jsonl"
