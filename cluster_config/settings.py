@@ -7,6 +7,7 @@ can trust it. A bad file fails here with a message naming the file, the field an
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from datetime import datetime, timedelta
@@ -29,6 +30,20 @@ FSX_THROUGHPUTS = {"PERSISTENT_2": (125, 250, 500, 1000), "PERSISTENT_1": (50, 1
 # Where the cluster's generated files (config, model list, agents' and capacity-end settings) lie in
 # the assets bucket; the head node reads them from there.
 CONFIG_PREFIX = "cluster/"
+
+
+# Each model's jobs run as a POSIX user of the model's name, so that no job of one model can write or delete
+# another's folders. Its uid (and its group's gid) follows from the name, so that every node, booting on its
+# own without a directory service, makes the same user; node_scripts/directory_setup.sh (model_uid) applies
+# the same formula. Names the cluster's images already give a user are not model names.
+MODEL_UID_BASE, MODEL_UID_RANGE = 40000, 20000
+SYSTEM_USERS = frozenset({"root", "ec2-user", "ubuntu", "rocky", "centos", "ssm-user", "slurm", "munge", "nobody",
+                          "admin", "dcv", "dcvsmgr", "pcluster-admin", "sshd", "chrony", "nfsnobody"})
+
+
+def model_uid(name: str) -> int:
+    """The uid and gid of the model's user and group on every node."""
+    return MODEL_UID_BASE + int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % MODEL_UID_RANGE
 
 
 class SettingsError(ValueError):
@@ -512,6 +527,9 @@ class ModelPlan(_Strict):
             raise ValueError(f"{value!r} must be lowercase letters, digits and '-', starting with a letter (it names directories)")
         if value == "ops":
             raise ValueError("'ops' is the Slurm account of the non-training jobs; name the model otherwise")
+        if value in SYSTEM_USERS:
+            raise ValueError(f"{value!r} is a user of the cluster's images, and a model's jobs run as a user of the "
+                             "model's name; name the model otherwise")
         return value
 
     @field_validator("dataset")
@@ -708,6 +726,12 @@ class Settings(_Strict):
         names = [model.name for model in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"models: names must be unique, got {names}")
+        by_uid: dict[int, str] = {}
+        for name in names:
+            other = by_uid.setdefault(model_uid(name), name)
+            if other != name:
+                raise ValueError(f"models: {other} and {name} would get the same user id {model_uid(name)} (derived "
+                                 "from the name, so that every node makes the same users); rename one of them")
         by_dataset: dict[str, ModelPlan] = {}
         for model in self.models:  # one dataset, one tokenization: else one model's preprocess rewrites the other's
             first = by_dataset.setdefault(model.dataset, model)

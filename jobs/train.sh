@@ -12,7 +12,9 @@
 #   --nodes=<N>                the model's share of the cluster (cluster_config/<env>.yaml, models:)
 #   --account/--qos=<model>    the model's Slurm account and QOS (node_scripts/slurm_accounts.sh):
 #                              Slurm holds the model to its share and to one running job; a second
-#                              submission pends (QOSGrpJobsLimit), more nodes than the share is refused
+#                              submission pends (QOSGrpJobsLimit), more nodes than the share is refused.
+#                              Only the model's own user (sudo su - <model>) has the account: the job
+#                              runs as it and writes its folders, which no other model's job may
 #   --ntasks-per-node=1        one torchrun per node; torchrun starts one worker per GPU
 #   --gpus-per-node=<G>        every GPU of a node, gpu_queue.gpus_per_instance (CPU-only: sbatch --gpus-per-node=0)
 #   --exclusive                whole nodes: no other job on the GPUs, EFA devices or CPUs

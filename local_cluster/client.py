@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -102,6 +103,21 @@ def controller_address() -> str:
     if not found:
         raise RuntimeError(f"no SlurmctldHost address in scontrol show config:\n{config}")
     return found.group(1)
+
+
+def login(typed: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """A Session Manager session on the head node (``cluster.sh login``): ``typed`` goes in line by line, as at
+    the prompt, `sudo su - <user>` included."""
+    return subprocess.run([str(REPO / "local_cluster/cluster.sh"), "login"], input=textwrap.dedent(typed),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def submitted(result: subprocess.CompletedProcess) -> str:
+    """The id of the one job whose submission ``result`` printed."""
+    found = re.findall(r"Submitted batch job (\d+)", result.stdout)
+    if len(found) != 1:
+        raise AssertionError(f"expected one submission, got {found}: {result.stdout}{result.stderr}")
+    return found[0]
 
 
 def job_records(job_id: str) -> list[dict[str, str]]:

@@ -40,11 +40,12 @@
 # stand-in DCGM exporter in each node, the head node's exporter loop, Prometheus with the repository's
 # alert rules, Alertmanager, and a webhook standing in for SNS (.local_cluster/log/alerts.log).
 # Users as on ParallelCluster: the cluster's default user ec2-user (cfn_cluster_user: it owns the
-# folders the node setup makes and has the Slurm associations) and ssm-user (Session Manager's login,
-# with sudo and no Slurm account); `login` starts a shell as one of them. Jobs the tests submit
-# themselves still run as root.
+# shared folders the node setup makes, prepares data and runs the acceptance run under account ops),
+# ssm-user (Session Manager's login, with sudo and no Slurm account), and one user per model, named as
+# the model, which the node setup makes and its training jobs run as; `login` starts a shell as one of
+# them. Jobs the tests submit themselves still run as root.
 # Everything the cluster writes lives under .local_cluster/ in the repository root; beside it, `up`
-# creates the two users (kept by `down`, as the packages are) and the empty mount points /fsx and
+# creates the users (kept by `down`, as the packages are) and the empty mount points /fsx and
 # /opt/llm-jobs (removed by `down`).
 set -euo pipefail
 
@@ -617,7 +618,7 @@ cmd_reboot() {
 cmd_down() {
   local node daemons user
   if command -v scancel >/dev/null && live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null; then
-    for user in "$(id -un)" "$CLUSTER_USER"; do scancel --quiet --full "--user=$user" 2>/dev/null || true; done
+    for user in $(squeue -h -o %u 2>/dev/null | sort -u); do scancel --quiet --full "--user=$user" 2>/dev/null || true; done
   fi
   # Monitoring stops with the Slurm daemons (one wait for all): Prometheus evaluates nothing after its
   # SIGTERM, so the cluster going down raises no alert.
@@ -721,7 +722,7 @@ cmd_login() {
   [[ -z $NAME ]] || die "login is for the default cluster: a named one mounts no /opt/llm-jobs"
   live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null || die "the cluster is not up — start it with '$0 up'"
   local user=${1:-$LOGIN_USER}
-  id "$user" >/dev/null 2>&1 || die "no user '$user' on this machine (the cluster's are $CLUSTER_USER and $LOGIN_USER)"
+  id "$user" >/dev/null 2>&1 || die "no user '$user' on this machine (the cluster's are $CLUSTER_USER, $LOGIN_USER and one per model)"
   exec unshare --mount --propagation private -- "$SELF" _login "$user"
 }
 

@@ -23,10 +23,14 @@
 # (NAME.capacity_end, cluster_config/capacity_end.py; its SHA-256 in OnNodeUpdated too): the head node
 # keeps Slurm's maintenance reservation and the end's backups to it (slurm_capacity_end.sh).
 # Models may also be named as arguments. Per model it creates:
-#   $CHECKPOINTS/<model>/                       wide striping (large parallel writes)
-#   $LOGS/<model>/{,tensorboard/}                one stripe (Slurm logs, metrics: many small appends)
-# and, shared by all models, $DATA/{raw,tokenized}/ with wide striping, $LOGS/validation/ with one, and
-# $LOGS/node-health/, where the prolog/epilog health check keeps every node's failure history.
+#   the user and group <model>                  uid = gid from the name (model_uid below): a model's jobs
+#                                               run as its user, so no job of one model can write another's folders
+#   $CHECKPOINTS/<model>/                       the model user's, wide striping (large parallel writes)
+#   $LOGS/<model>/{,tensorboard/}                the model user's, one stripe (Slurm logs, metrics: many small appends)
+# and, shared by all models, $DATA/{raw,tokenized}/ (the cluster user's) with wide striping, the cluster
+# user's $LOGS/{validation,acceptance,data}/, $LOGS/{export,backups}/ where every model's user writes its job's
+# log and removes only its own (sticky, as /tmp), and $LOGS/node-health/, root's, where the prolog/epilog
+# health check keeps every node's failure history.
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   FSX_FSTYPE           file system type each mount must have (default lustre)
@@ -103,10 +107,11 @@ wait_for_mounts() {
 }
 
 # mkdir + owner + mode + Lustre layout. The layout applies to files created afterwards, so it is
-# set on the directory, once, before anything is written into it.
+# set on the directory, once, before anything is written into it. Owner and mode: the cluster user's,
+# group-writable, unless given (install -d sets them on an existing folder too).
 make_dir() {
-  local dir="$1" stripe="$2"
-  install -d -m 2775 -o "$OWNER" -g "$GROUP" "$dir"
+  local dir="$1" stripe="$2" owner="${3:-$OWNER}" group="${4:-$GROUP}" mode="${5:-2775}"
+  install -d -m "$mode" -o "$owner" -g "$group" "$dir"
   if [[ "$HAVE_LFS" == true && "$(findmnt -n -o FSTYPE -T "$dir" || true)" == "$FSX_FSTYPE" ]]; then
     if [[ "$stripe" == wide ]]; then lfs setstripe "${WIDE_STRIPE[@]}" "$dir"; else lfs setstripe "${NARROW_STRIPE[@]}" "$dir"; fi
   fi
@@ -273,7 +278,7 @@ install_accounts() {
     PATH="$slurm_bin:$PATH" sacctmgr --noheader show cluster >/dev/null 2>&1 && break
     sleep 10
   done
-  PATH="$slurm_bin:$PATH" bash "$JOBS_HOME/accounts/slurm_accounts.sh" --user "$user" --user root "$list" 2>&1 | tee -a "$LOG_FILE" \
+  PATH="$slurm_bin:$PATH" bash "$JOBS_HOME/accounts/slurm_accounts.sh" --operator "$user" --admin root "$list" 2>&1 | tee -a "$LOG_FILE" \
     || die "Slurm account set-up failed; check that slurmdbd runs on the head node and reaches its database (SlurmSettings.Database)"
   log "Slurm accounts and QOS set for: ${models[*]}"
 }
@@ -329,27 +334,75 @@ install_capacity_end() {
     || die "the GPU capacity's end could not be reserved in Slurm (slurm_capacity_end.sh above); check that slurmctld answers"
 }
 
+# The uid and gid of a model's user: derived from the name, so that every node, booting on its own and
+# with no directory service, makes the same user (cluster_config/settings.py model_uid: the same formula,
+# where the settings refuse two models on one uid).
+MODEL_UID_BASE=40000
+MODEL_UID_RANGE=20000
+model_uid() {
+  local hex
+  hex=$(printf '%s' "$1" | sha256sum | cut -c1-8)
+  echo $((MODEL_UID_BASE + 16#$hex % MODEL_UID_RANGE))
+}
+
+# The model's user and group, named as the model: its jobs run as it (sudo su - <model>), so a job of
+# one model, another user, can read every model's folders and write none but its own. The head node
+# makes its home; compute nodes get /home from the head node (ParallelCluster shares it).
+make_model_user() {
+  local name="$1" uid have home=--no-create-home try
+  uid=$(model_uid "$name")
+  if have=$(id -u "$name" 2>/dev/null); then
+    [[ $have == "$uid" && $(id -g "$name") == "$uid" ]] \
+      || die "user '$name' exists on this node with uid $have, not model $name's $uid: rename the model in the settings (models:)"
+    return
+  fi
+  have=$(getent passwd "$uid" | cut -d: -f1) || true
+  [[ -z $have ]] || die "uid $uid, model $name's user's, belongs to '$have' on this node: rename the model in the settings (models:)"
+  [[ $NODE_TYPE != HeadNode ]] || home=--create-home
+  for ((try = 1; ; try++)); do  # useradd waits for no lock: nodes sharing /etc (the local cluster) collide
+    if ! getent group "$name" >/dev/null; then groupadd --gid "$uid" "$name" 2>/dev/null || true; fi
+    useradd --uid "$uid" --gid "$uid" --shell /bin/bash "$home" "$name" 2>/dev/null || true
+    [[ $(id -u "$name" 2>/dev/null) == "$uid" ]] && break
+    ((try < 20)) || die "could not create model $name's user (uid $uid): useradd --uid $uid --gid $uid $name failed"
+    sleep "0.$((RANDOM % 9 + 1))"
+  done
+  log "model $name: user and group $name (uid $uid)"
+}
+
 make_tree() {
   local data="$1" checkpoints="$2" logs="$3" model
   shift 3
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
-  # Output of the jobs that are not a model's (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
-  # acceptance.sh /fsx/logs/acceptance/, export.sh export/, preprocess.sh and sync_dataset.sh data/,
-  # backup.sh backups/): never the submission folder, which is root's. Slurm does not create an
-  # --output folder and fails the job without a log when it is missing.
-  for folder in validation acceptance export data backups; do
+  # Output of the jobs that are not a model's training (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
+  # acceptance.sh /fsx/logs/acceptance/, preprocess.sh and sync_dataset.sh data/): never the submission
+  # folder, which is root's. Slurm does not create an --output folder and fails the job without a log
+  # when it is missing.
+  for folder in validation acceptance data; do
     make_dir "$logs/$folder" narrow
+  done
+  # export.sh and backup.sh run as the model's user: any model writes its job's log, each removes only its own.
+  for folder in export backups; do
+    make_dir "$logs/$folder" narrow root root 1777
   done
   # The health check's failure history (slurm_health_hook.sh): one small append per drain, from any node.
   # Root's alone: the hook (root) trusts it to quarantine nodes and refuses a folder a job could write.
   make_dir "$logs/node-health" narrow
   chown root:root "$logs/node-health"
   chmod u=rwx,go=rx,g-s "$logs/node-health"  # g-s: chmod keeps a folder's setgid bit unless told
+  local folder
   for model in "$@"; do
-    make_dir "$checkpoints/$model" wide
-    make_dir "$logs/$model" narrow
-    make_dir "$logs/$model/tensorboard" narrow
+    make_model_user "$model"
+    for folder in "$checkpoints/$model" "$logs/$model" "$logs/$model/tensorboard"; do
+      # What an earlier release's jobs wrote there as the cluster user becomes the model's (head node:
+      # once per boot or update; a tree of checkpoints is thousands of files, metadata only).
+      if [[ $NODE_TYPE == HeadNode && -d $folder && $(stat -c %U "$folder") != "$model" ]]; then
+        chown -R --from="$OWNER" "$model:$model" "$folder"
+      fi
+    done
+    make_dir "$checkpoints/$model" wide "$model" "$model" 2755
+    make_dir "$logs/$model" narrow "$model" "$model" 2755
+    make_dir "$logs/$model/tensorboard" narrow "$model" "$model" 2755
   done
   log "directory tree ready for $# model(s)"
 }

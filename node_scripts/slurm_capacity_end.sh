@@ -143,8 +143,7 @@ while read -r id job; do
     scancel "$id" && log "backup job $id ($job) cancelled: $model is no longer listed"
   fi
 done < <(pending_backups "$name")
-mkdir -p "$logs/backups"
-[[ $user == "$(id -un)" ]] || chown "$user" "$logs/backups"
+[[ -d $logs/backups ]] || install -d -m 1777 "$logs/backups"  # as directory_setup.sh makes it: every model's user writes there
 for model in $(printf '%s\n' "${!listed[@]}" | sort); do
   if [[ -n ${queued[$model]:-} ]]; then
     log "backup of $model: job ${queued[$model]} begins at ${spec[backups]}"

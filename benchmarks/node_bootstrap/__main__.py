@@ -79,7 +79,10 @@ def run(env: str, stand_in_packages: bool) -> dict:
         if stand_in_packages:
             environment["JOBS_VENV_SITE_PACKAGES"] = sysconfig.get_paths()["purelib"]
         script = REPO / "node_scripts" / "directory_setup.sh"
-        mount = " && ".join(f"mount -t tmpfs tmpfs {work / name}" for name in FSX)
+        # Its own /etc and /home, as a node has: the models' users the script adds stay in the namespace.
+        mount = " && ".join([f"cp -a /etc {work}/etc && mount --bind {work}/etc /etc",
+                             f"mkdir {work}/home && mount --bind {work}/home /home",
+                             *(f"mount -t tmpfs tmpfs {work / name}" for name in FSX)])
         start = time.monotonic()
         proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
                                f'{mount} && exec bash {script} "$@"', "bootstrap", *args],

@@ -15,7 +15,7 @@ from cluster_config.hardware import gpu_of
 from cluster_config.model_configs import training_config
 from cluster_config.model_jobs import GENERATED, GENERATED_BY, job_files, write_job_files
 from cluster_config.plan import check_plan
-from cluster_config.settings import CONFIG_DIR, SettingsError, available_environments, load_settings
+from cluster_config.settings import CONFIG_DIR, SettingsError, available_environments, load_settings, model_uid
 from stacks.cluster_stack import GENERATED_EXCLUDES
 from training.cluster import load_cluster
 from training.config import load_config
@@ -108,6 +108,8 @@ def test_an_unknown_recipe_names_the_ones_there_are(tmp_path, write_env):
     ({"dataset": "/fsx/data/x"}, "models.0.dataset: '/fsx/data/x' must be a folder under storage.data.mount_dir"),
     ({"dataset": "../x"}, "models.0.dataset: '../x' must be a folder under storage.data.mount_dir"),
     ({"name": "ops"}, "models.0.name: 'ops' is the Slurm account of the non-training jobs"),
+    ({"name": "slurm"}, "models.0.name: 'slurm' is a user of the cluster's images, and a model's jobs run as a user "
+                        "of the model's name; name the model otherwise"),
     ({"seq_len": 0}, "models.0.seq_len: Input should be greater than 0"),
     ({"steps": "DELETE"}, "models.0.steps: required; add it"),
 ])
@@ -119,6 +121,18 @@ def test_bad_model_entries_are_refused_when_settings_load(tmp_path, write_env, c
         else:
             models[0][key] = value
     with pytest.raises(SettingsError, match=re.escape(message)):
+        load_settings("prod", write_env(tmp_path, "prod", models=models))
+
+
+def test_two_models_whose_users_would_share_a_uid_are_refused_naming_both(tmp_path, write_env):
+    by_uid: dict[int, str] = {}
+    first, second = next((by_uid[model_uid(n)], n) for n in (f"m{i}" for i in range(10**5))
+                         if by_uid.setdefault(model_uid(n), n) != n)
+    models = yaml.safe_load((CONFIG_DIR / "prod.yaml").read_text())["models"]
+    models[0]["name"], models[1]["name"] = first, second
+    with pytest.raises(SettingsError, match=re.escape(
+            f"models: {first} and {second} would get the same user id {model_uid(first)} (derived from the name, so "
+            "that every node makes the same users); rename one of them")):
         load_settings("prod", write_env(tmp_path, "prod", models=models))
 
 

@@ -238,7 +238,7 @@ def test_a_removed_model_is_retired_with_its_history_and_can_come_back(slurm_clu
     only_model1 = tmp_path / "models"
     only_model1.write_text("model1 2\n")
     try:
-        run("bash", str(script), "--user", "root", str(only_model1))
+        run("bash", str(script), "--admin", "root", str(only_model1))
         assert run("sacctmgr", "-n", "-P", "show", "qos", "model2", "format=GrpTRES,GrpJobs,MaxTRES").strip() == \
             "node=0|0|node=0"
         deadline = time.monotonic() + 15  # slurmdbd pushes the change to slurmctld
@@ -253,6 +253,6 @@ def test_a_removed_model_is_retired_with_its_history_and_can_come_back(slurm_clu
     finally:
         dev_models = tmp_path / "dev-models"  # back to what `up` set: dev's models (cluster_config/dev.yaml)
         dev_models.write_text(models_file(load_settings("dev")))
-        run("bash", str(script), "--user", "root", str(dev_models))
+        run("bash", str(script), "--admin", "root", str(dev_models))
     job = submit(slurm_cluster, "model2", 1, 1)
     assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)

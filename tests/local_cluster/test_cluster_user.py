@@ -1,13 +1,13 @@
-"""The runbook's first day, walked as its user on the local cluster.
+"""The runbook's first day, walked as its users on the local cluster.
 
 Session Manager logs people in as ssm-user; `local_cluster/cluster.sh login` stands in for
 `aws ssm start-session` (a login shell on the head node, /fsx and /opt/llm-jobs mounted as there). What
-follows is typed into that shell as README and the docs write it: `sudo su - ec2-user`, then from
-/opt/llm-jobs/bundle tokenize model1's data, submit model1 through its preflight, watch it and export
-it. Every job runs as ec2-user and writes what ec2-user owns, and the follow-on jobs (the dataset's sync,
-the final checkpoint's backup) reach the deployment's buckets as cluster.env names them: a moto S3
-server on the head node's address (the AWS boundary), with ec2-user's ~/.aws standing in for the
-instance profile. Three local departures, each typed where it applies: the nodes have no GPUs
+follows is typed into that shell as README and the docs write it: `sudo su - ec2-user` (the cluster's user)
+to tokenize model1's data, then `sudo su - model1` (the model's own user, whom its jobs run as) to submit
+model1 through its preflight from /opt/llm-jobs/bundle, watch it and export it. Each job writes what its
+user owns, and the follow-on jobs (the dataset's sync, the final checkpoint's backup) reach the
+deployment's buckets as cluster.env names them: a moto S3 server on the head node's address (the AWS
+boundary), with the users' ~/.aws standing in for the instance profile. Three local departures, each typed where it applies: the nodes have no GPUs
 (SBATCH_GPUS_PER_NODE=0), 2 CPUs (preprocessing asks --cpus-per-task=2) and 4 GiB (the export asks --mem=2G).
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import boto3
@@ -26,25 +26,14 @@ import pytest
 import yaml
 
 from local_cluster import demo_data
-from local_cluster.client import REPO, controller_address, wait_for_job
+from local_cluster.client import REPO, controller_address, login, submitted, wait_for_job
 from tests.s3_server import s3_server
 
 pytestmark = pytest.mark.slurm
 
 CLUSTER_USER = "ec2-user"
+MODEL_USER = "model1"  # a model's jobs run as the user of its name (node_scripts/directory_setup.sh)
 JOBS_HOME = REPO / ".local_cluster/opt/llm-jobs"  # the head node's /opt/llm-jobs
-
-
-def login(typed: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """A Session Manager session on the head node: ``typed`` goes in line by line, as at the prompt."""
-    return subprocess.run([str(REPO / "local_cluster/cluster.sh"), "login"], input=textwrap.dedent(typed),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def submitted(result: subprocess.CompletedProcess) -> str:
-    found = re.findall(r"Submitted batch job (\d+)", result.stdout)
-    assert len(found) == 1, result.stdout + result.stderr
-    return found[0]
 
 
 def queued_by(log: Path, pattern: str) -> str:
@@ -59,58 +48,89 @@ def user_and_account(job: str) -> str:
                           capture_output=True, text=True, check=True).stdout.split()[0]
 
 
-def test_the_session_manager_user_is_told_to_become_the_cluster_user(slurm_cluster):
+def refusal(user: str, account: str, who: str, become: str) -> str:
+    return (f"error: user {user} has no Slurm account {account} on this cluster — become {who} first: "
+            f"sudo su - {become}, then cd /opt/llm-jobs/bundle and run this again")
+
+
+MODELS_USER = "the model's user (a model's jobs run as its own user)"
+
+
+def test_each_user_is_told_whom_to_become_and_each_has_its_own_accounts(slurm_cluster):
     result = login("""\
         id -un
-        cd /opt/llm-jobs/bundle && bash jobs/submit.sh model1
-        echo "exit $?"
+        cd /opt/llm-jobs/bundle
+        bash jobs/submit.sh model1; echo "exit $?"
+        bash jobs/submit.sh acceptance; echo "exit $?"
         """)
-    assert result.stdout.splitlines()[0] == "ssm-user"
-    assert "exit 2" in result.stdout
-    assert ("error: user ssm-user has no Slurm account on this cluster — become the cluster's user first: "
-            "sudo su - ec2-user, then cd /opt/llm-jobs/bundle and run this again") in result.stderr
+    assert result.stdout.splitlines() == ["ssm-user", "exit 2", "exit 2"], result.stderr
+    assert refusal("ssm-user", "model1", MODELS_USER, "model1") in result.stderr
+    assert refusal("ssm-user", "ops", "the cluster's user", CLUSTER_USER) in result.stderr
 
-    became = login("""\
+    accounts = "sacctmgr --noheader --parsable2 show associations where user=$(id -un) format=account | sort | tr '\\n' ' '"
+    operator = login(f"""\
         sudo su - ec2-user
         id -un
-        sacctmgr --noheader --parsable2 show associations where user=ec2-user format=account | sort | tr '\\n' ' '
+        {accounts}
+        echo
+        cd /opt/llm-jobs/bundle && bash jobs/submit.sh model1; echo "exit $?"
         """)
-    assert became.stdout.splitlines()[0] == CLUSTER_USER, became.stderr
-    assert {"model1", "model2", "ops"} <= set(became.stdout.splitlines()[1].split())
+    assert operator.stdout.splitlines() == [CLUSTER_USER, "ops ", "exit 2"], operator.stdout + operator.stderr
+    assert refusal(CLUSTER_USER, "model1", MODELS_USER, "model1") in operator.stderr
+
+    model = login(f"""\
+        sudo su - model1
+        id -un
+        {accounts}
+        """)
+    assert model.stdout.splitlines() == [MODEL_USER, "model1 "], model.stdout + model.stderr
+
+
+def aws_config(user: str, url: str, key: str = "testing", secret: str = "testing") -> Path:
+    """``user``'s ~/.aws for the S3 server at ``url`` (on AWS: the instance profile, and S3's own endpoint)."""
+    aws = Path(pwd.getpwnam(user).pw_dir) / ".aws"
+    aws.mkdir(exist_ok=True)
+    (aws / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\n")
+    (aws / "credentials").write_text(f"[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")
+    for path in (aws, *aws.iterdir()):
+        shutil.chown(path, user)
+    return aws
 
 
 @pytest.fixture
 def deployment_buckets(slurm_cluster):
-    """The data and backup buckets cluster.env names, served on the head node's address, and ec2-user's
-    credentials and endpoint for them (on AWS: the instance profile, and S3's own endpoint)."""
+    """The data and backup buckets cluster.env names, served on the head node's address, and the cluster
+    user's and model1's credentials and endpoint for them; -> (client, buckets, aws_config for another user)."""
     facts = dict(re.findall(r"^export (\w+)=(\S+)$", (JOBS_HOME / "cluster.env").read_text(), re.M))
     buckets = {"data": facts["DATA_S3_URI"].removeprefix("s3://"),
                "backups": facts["CHECKPOINT_S3_URI"].removeprefix("s3://")}
-    aws = Path(f"/home/{CLUSTER_USER}/.aws")
+    made: list[Path] = []
     with s3_server(controller_address()) as url:
         s3 = boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
                           region_name="us-east-1")
         for bucket in buckets.values():
             s3.create_bucket(Bucket=bucket)
-        aws.mkdir(exist_ok=True)
-        (aws / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\n")
-        (aws / "credentials").write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
-        shutil.chown(aws, CLUSTER_USER)
-        for path in aws.iterdir():
-            shutil.chown(path, CLUSTER_USER)
+
+        def configure(user: str) -> None:
+            made.append(aws_config(user, url))
+
+        configure(CLUSTER_USER)
+        configure(MODEL_USER)
         try:
-            yield s3, buckets
+            yield s3, buckets, configure
         finally:
-            shutil.rmtree(aws)
+            for aws in made:
+                shutil.rmtree(aws, ignore_errors=True)
 
 
-def as_the_node_setup_makes(folder: Path) -> None:
-    """Empty, the cluster user's, setgid (directory_setup.sh's make_dir): the tests' root jobs earlier in the
-    session leave root's folders in it (its code snapshots, say), which no job of a real cluster makes."""
+def as_the_node_setup_makes(folder: Path, user: str) -> None:
+    """Empty, the model user's, setgid, read by others (directory_setup.sh's make_dir): the tests' root jobs
+    earlier in the session leave root's folders in it (its code snapshots, say), which no job of a real
+    cluster makes."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    shutil.chown(folder, CLUSTER_USER, CLUSTER_USER)
-    folder.chmod(0o2775)
+    shutil.chown(folder, user, user)
+    folder.chmod(0o2755)
 
 
 @pytest.fixture
@@ -122,7 +142,7 @@ def model1_from_scratch(slurm_cluster):
     demo_data.build(dataset)  # the corpus and tokenizer beside it, in sample.src
     shutil.rmtree(dataset)
     for folder in ("checkpoints/model1", "logs/model1", "logs/model1/tensorboard"):
-        as_the_node_setup_makes(slurm_cluster.fsx / folder)
+        as_the_node_setup_makes(slurm_cluster.fsx / folder, MODEL_USER)
     yield dataset
     shutil.rmtree(dataset, ignore_errors=True)
     demo_data.build(dataset)
@@ -130,7 +150,7 @@ def model1_from_scratch(slurm_cluster):
 
 def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bundle(
         slurm_cluster, deployment_buckets, model1_from_scratch):
-    s3, buckets = deployment_buckets
+    s3, buckets, _ = deployment_buckets
     dataset, fsx = model1_from_scratch, slurm_cluster.fsx
 
     # Tokenize model1's data (docs/data_pipeline.md): one task per raw file; the sync to S3 follows.
@@ -149,33 +169,34 @@ def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bund
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=buckets["data"], Prefix="tokenized/sample/")["Contents"]}
     assert {"tokenized/sample/dataset.json", "tokenized/sample/manifest.json"} <= keys
 
-    # Submit through the preflight; the backup job follows the finished run.
+    # Submit through the preflight, as the model's user; the backup job follows the finished run.
     train = login("""\
-        sudo su - ec2-user
+        sudo su - model1
         cd /opt/llm-jobs/bundle && SBATCH_GPUS_PER_NODE=0 bash jobs/submit.sh model1 train.steps=20
         """)
     job = submitted(train)
     assert "ok: dataset /fsx/data/tokenized/sample (seq_len 128" in train.stdout, train.stdout + train.stderr
     log = fsx / f"logs/model1/model1_{job}.err"
     assert wait_for_job(job, timeout=600) == ("COMPLETED", 0), log.read_text()[-3000:] if log.exists() else train.stderr
-    assert user_and_account(job) == f"{CLUSTER_USER}|model1"
+    assert user_and_account(job) == f"{MODEL_USER}|model1"
     checkpoints = fsx / "checkpoints/model1"
-    assert {path.owner() for path in (checkpoints / "latest", log, fsx / "logs/model1/metrics.jsonl")} == {CLUSTER_USER}
+    assert {path.owner() for path in (checkpoints / "latest", log, fsx / "logs/model1/metrics.jsonl")} == {MODEL_USER}
     backup = queued_by(fsx / f"logs/model1/model1_{job}.out", r"backup: job (\d+)")
     backup_log = fsx / f"logs/backups/backup-model1_{backup}.out"
     assert wait_for_job(backup, timeout=300) == ("COMPLETED", 0), backup_log.read_text()
+    assert user_and_account(backup) == f"{MODEL_USER}|model1" and backup_log.owner() == MODEL_USER
     backed_up = s3.list_objects_v2(Bucket=buckets["backups"], Prefix="model1/")
     assert any(o["Key"].endswith("train_meta.json") for o in backed_up.get("Contents", [])), backed_up
 
     # Watch it (docs/training.md, "Status of every model") and export it (its last checkpoint, step 20).
     watch = login("""\
-        sudo su - ec2-user
+        sudo su - model1
         cd /opt/llm-jobs/bundle && source jobs/env.sh && python -m training.status model1 --json
         """)
     [status] = json.loads(watch.stdout)
     assert (status["name"], status["step"], status["run_status"]) == ("model1", 20, "complete"), status
     export = login("""\
-        sudo su - ec2-user
+        sudo su - model1
         cd /opt/llm-jobs/bundle && sbatch --mem=2G jobs/export.sh model1
         """)
     exported = submitted(export)
@@ -183,7 +204,7 @@ def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bund
     assert wait_for_job(exported, timeout=300) == ("COMPLETED", 0), export_log.read_text()
     folder = checkpoints / "export/step_00000020"
     assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors")), list(folder.iterdir())
-    assert (folder / "config.json").owner() == CLUSTER_USER
+    assert (folder / "config.json").owner() == MODEL_USER
 
 
 def update(config_dir: Path | None = None) -> subprocess.CompletedProcess:
@@ -196,8 +217,9 @@ def update(config_dir: Path | None = None) -> subprocess.CompletedProcess:
 
 def test_a_model_added_to_the_settings_trains_after_the_update_and_retires_after_its_removal(
         slurm_cluster, deployment_buckets, tmp_path):
+    configure_aws = deployment_buckets[2]
     """docs/deploy.md: a model added after `cdk deploy` reaches the running cluster with `pcluster
-    update-cluster`, whose head node action syncs the bundle and makes the model's account and folders."""
+    update-cluster`, whose head node action syncs the bundle and makes the model's user, account and folders."""
     settings = yaml.safe_load((REPO / "cluster_config/dev.yaml").read_text())
     settings["gpu_queue"]["max_count"] += 1  # a node more for it
     settings["models"].append({**settings["models"][1], "name": "model3"})
@@ -208,19 +230,20 @@ def test_a_model_added_to_the_settings_trains_after_the_update_and_retires_after
         assert updated.returncode == 0, updated.stdout + updated.stderr
         assert re.search(r"head +HeadNode +OnNodeUpdated +0 ", updated.stdout), updated.stdout
         assert (JOBS_HOME / "bundle/jobs/train_model3.sh").is_file()
-        assert (slurm_cluster.fsx / "checkpoints/model3").owner() == CLUSTER_USER
+        assert (slurm_cluster.fsx / "checkpoints/model3").owner() == "model3"
+        configure_aws("model3")
         qos = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", "model3", "format=GrpTRES"],
                              capture_output=True, text=True, check=True).stdout.strip()
         assert qos == "node=1", qos
 
         train = login("""\
-            sudo su - ec2-user
+            sudo su - model3
             cd /opt/llm-jobs/bundle && SBATCH_GPUS_PER_NODE=0 bash jobs/submit.sh model3 train.steps=12
             """)
         job = submitted(train)
         log = slurm_cluster.fsx / f"logs/model3/model3_{job}.err"
         assert wait_for_job(job, timeout=600) == ("COMPLETED", 0), log.read_text()[-3000:] if log.exists() else ""
-        assert user_and_account(job) == f"{CLUSTER_USER}|model3"
+        assert user_and_account(job) == "model3|model3"
         backup = queued_by(slurm_cluster.fsx / f"logs/model3/model3_{job}.out", r"backup: job (\d+)")
         assert wait_for_job(backup, timeout=300) == ("COMPLETED", 0)
     finally:

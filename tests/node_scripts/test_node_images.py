@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_config.settings import model_uid
+
 from tests.marks import needs_mount_namespace
 import yaml
 
@@ -151,10 +153,13 @@ class Cluster:
                 f"cfn_node_type={facts['cfn_node_type']}\ncfn_cluster_user={facts['cfn_cluster_user']}\n{queue}")
         user, uid = AMI["cluster_user"], _free_id()
         on("/etc").mkdir(exist_ok=True)
-        # The host's users but its own ec2-user (the local cluster creates one on the host too).
-        for name, line in (("passwd", f"{user}:x:{uid}:{uid}::/home/{user}:/bin/bash"), ("group", f"{user}:x:{uid}:")):
-            host = [entry for entry in Path(f"/etc/{name}").read_text().splitlines() if not entry.startswith(f"{user}:")]
-            on(f"/etc/{name}").write_text("\n".join([*host, line]) + "\n")
+        # The host's users but its own ec2-user (the local cluster creates one on the host too), and model1's
+        # user as a first boot leaves it (directory_setup.sh's useradd cannot replace a file bound in place).
+        own = {user: uid, "model1": model_uid("model1")}
+        for name in ("passwd", "group"):
+            host = [entry for entry in Path(f"/etc/{name}").read_text().splitlines() if entry.split(":")[0] not in own]
+            lines = [f"{u}:x:{i}:{i}::/home/{u}:/bin/bash" if name == "passwd" else f"{u}:x:{i}:" for u, i in own.items()]
+            on(f"/etc/{name}").write_text("\n".join([*host, *lines]) + "\n")
         on("/var/log").mkdir(parents=True, exist_ok=True)
         return root
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_config.settings import model_uid
 from tests.marks import needs_mount_namespace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +38,17 @@ def node_env(node: Path) -> dict[str, str]:
             "JOBS_PYTHON": sys.executable, "NODE_HEALTH_ENV": str(node / "node-health.env"), "LOG_DIR": str(node / "log")}
 
 
+def own_etc(node: Path) -> str:
+    """The shell commands that give the namespace a copy of /etc and an empty /home, as a node has: the models'
+    users the script adds stay there."""
+    return (f"{{ test -d {node}/etc || cp -a /etc {node}/etc; }} && mount --bind {node}/etc /etc && "
+            f"mkdir -p {node}/home && mount --bind {node}/home /home")
+
+
 def run_directory_setup(node: Path, *args: str, mount=("data", "checkpoints", "logs"), extra_env=None):
-    """Mount tmpfs on the chosen stand-ins inside a private mount namespace, then run the script there."""
-    mounts = " && ".join(f"mount -t tmpfs tmpfs {node / name}" for name in mount) or "true"
+    """Mount tmpfs on the chosen stand-ins and a copy of /etc inside a private mount namespace, then run the
+    script there."""
+    mounts = " && ".join([own_etc(node), *(f"mount -t tmpfs tmpfs {node / name}" for name in mount)])
     # The tree is listed inside the namespace (tmpfs content vanishes with it): one "path owner mode" a line.
     listing = f'find {node}/data {node}/checkpoints {node}/logs -mindepth 1 -printf "%P %u %m\\n"'
     command = f'{mounts} && {{ bash {SCRIPTS / "directory_setup.sh"} "$@"; status=$?; {listing}; exit $status; }}'
@@ -73,14 +82,23 @@ def test_node_scripts_are_shellcheck_clean():
 
 
 @needs_mount_namespace
-def test_directory_setup_builds_the_per_model_tree_owned_by_the_cluster_user(node):
+def test_directory_setup_gives_each_model_its_user_and_folders_and_the_cluster_user_the_shared_ones(node):
     proc = run_directory_setup(node, "model1", "model7")
     assert proc.returncode == 0, proc.stderr
     entries = tree(proc)
     # find prints paths relative to each root; the roots are data, checkpoints, logs in that order.
-    for expected in ("raw", "tokenized", "validation", "model1", "model7", "model1/tensorboard", "model7/tensorboard"):
+    for expected in ("raw", "tokenized", "validation", "acceptance", "data"):
         assert entries[expected] == ("nobody", "2775"), (expected, entries)
+    for model in ("model1", "model7"):  # the model's user writes them, every other user only reads
+        for expected in (model, f"{model}/tensorboard"):
+            assert entries[expected] == (model, "2755"), (expected, entries)
+    for expected in ("export", "backups"):  # every model's export and backup logs; each removes only its own
+        assert entries[expected] == ("root", "1777"), (expected, entries)
     assert entries["node-health"] == ("root", "755")  # the health hook (root) trusts what is in it
+    passwd = (node / "etc/passwd").read_text().splitlines()
+    for model in ("model1", "model7"):
+        assert f"{model}:x:{model_uid(model)}:{model_uid(model)}:" in "\n".join(passwd)
+    assert not Path("/etc/passwd").read_text().count("model7:")  # the namespace's own /etc, not the host's
     log = (node / "log" / "llm-directory-setup.log").read_text()
     assert "directory tree ready for 2 model(s)" in log
     assert "lfs not found" in log
@@ -91,7 +109,7 @@ def test_directory_setup_is_idempotent(node):
     # Both runs in one namespace, so the second finds what the first made.
     command = f"bash {SCRIPTS / 'directory_setup.sh'} \"$@\" && bash {SCRIPTS / 'directory_setup.sh'} \"$@\""
     env = {**os.environ, **node_env(node)}
-    mounts = " && ".join(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))
+    mounts = " && ".join([own_etc(node), *(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))])
     args = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs"), "model1"]
     proc = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "bash", "-c", f"{mounts} && {command}", "setup", *args],
@@ -295,3 +313,26 @@ def test_directory_setup_fails_clearly_when_the_model_list_is_missing(node):
     proc = run_directory_setup(node, "--models-uri", "s3://assets/missing.models")
     assert proc.returncode == 1
     assert "cannot read the model list s3://assets/missing.models" in proc.stderr
+
+
+def test_the_model_users_uid_is_the_one_the_settings_check():
+    """Every node derives the uid on its own; the settings refuse two models on one uid with the same formula."""
+    names = ["model1", "model7", "llama-70b", "a", "x" * 31]
+    function = subprocess.run(["sed", "-n", "/^MODEL_UID_BASE=/,/^}/p", str(SCRIPTS / "directory_setup.sh")],
+                              capture_output=True, text=True, check=True).stdout
+    proc = subprocess.run(["bash", "-c", function + '\nfor n in "$@"; do model_uid "$n"; done', "uid", *names],
+                          capture_output=True, text=True, check=True)
+    assert [int(uid) for uid in proc.stdout.split()] == [model_uid(name) for name in names]
+
+
+@needs_mount_namespace
+def test_a_user_of_the_models_name_with_another_uid_stops_the_node_naming_the_fix(node):
+    uid = model_uid("model1") + 1
+    command = (f'useradd --uid {uid} --no-create-home model1 && bash {SCRIPTS / "directory_setup.sh"} "$@"')
+    mounts = " && ".join([own_etc(node), *(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))])
+    args = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs"), "model1"]
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", f"{mounts} && {command}",
+                           "setup", *args], capture_output=True, text=True, env={**os.environ, **node_env(node)}, timeout=120)
+    assert proc.returncode == 1
+    assert (f"ERROR: user 'model1' exists on this node with uid {uid}, not model model1's {model_uid('model1')}: "
+            "rename the model in the settings (models:)") in proc.stderr

@@ -23,7 +23,7 @@ def test_bad_model_list_is_refused_with_the_fix(tmp_path, listing, message):
     models = tmp_path / "models"
     models.write_text(listing)
     # No Slurm here: PATH holds no sacctmgr, so reaching the database would fail differently.
-    result = subprocess.run(["/bin/bash", str(SCRIPT), "--user", "nobody", str(models)], capture_output=True, text=True,
+    result = subprocess.run(["/bin/bash", str(SCRIPT), "--operator", "nobody", str(models)], capture_output=True, text=True,
                             env={"PATH": "/nonexistent", "HOME": str(tmp_path)})
     assert result.returncode == 1
     assert result.stderr.startswith("slurm_accounts: error: ")

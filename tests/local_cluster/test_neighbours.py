@@ -1,0 +1,204 @@
+"""A hostile neighbour: one model's job, submitted as that model's user, tries to destroy, overwrite or take
+over another model's work, on the local cluster.
+
+The job is model1's: `sudo su - model1` after a Session Manager login, submitted under model1's account,
+running on a node as model1 (node_scripts/directory_setup.sh makes one user per model; slurm_accounts.sh
+gives it its model's account alone). It tries, on model2's lineage: removing, truncating, renaming and
+replacing its checkpoint and log folders' entries, re-pointing its `latest`, changing its folder's mode; on
+Slurm: a job under model2's account or under ops (around the model's one-running-job QOS), cancelling,
+holding and requeueing model2's running job; on S3: deleting model2's backup and changing the backup
+bucket's versioning, with the CPU queue's own policies (cluster_config/render.py) enforced by moto's IAM
+checks (the AWS boundary; moto evaluates identity policies, not bucket policies). Every attempt must be
+refused for its reason (the error each tool prints) and model2's tree be byte for byte what it was; the
+same job's write to its own folder and its read of model2's backup must work (the means are sound).
+
+Not here: the bucket policy's refusals of overwrites (a put without If-None-Match) and of deletes by any
+cluster role, which moto does not evaluate (tests/cdk/test_storage_stack.py asserts the policy); a second job
+of the same model, and a run killed mid-prune or mid-save (tests/training/test_lineage.py, real trainers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+
+from cluster_config.render import PCLUSTER_POLICY_PATH, backup_upload_policy
+from local_cluster.client import controller_address, login, submitted, wait_for, wait_for_job
+from tests.local_cluster.test_cluster_user import aws_config
+from tests.s3_server import s3_server
+
+pytestmark = pytest.mark.slurm
+
+BACKUPS = "llm-dev-backups-neighbours"
+ATTACKS = """\
+#!/bin/bash
+# model1's job against model2's work: each line "refused: <command> :: <why>" or "DONE: <command>".
+try() {
+  local why
+  if why=$("$@" 2>&1 >/dev/null); then echo "DONE: $*"; else echo "refused: $* :: $(tail -n 1 <<<"$why")"; fi
+}
+m2=/fsx/checkpoints/model2 logs=/fsx/logs/model2
+try rm -rf "$m2/step_00000010"
+try rm -f "$m2/step_00000010/train_meta.json"
+try truncate -s 0 "$m2/step_00000010/train_meta.json"
+try cp /etc/hostname "$m2/step_00000010/.metadata"
+try mkdir "$m2/step_00000020"
+try ln -sfn step_00000000 "$m2/neighbour-latest"
+try mv "$m2/step_00000010" "$m2/step_00000010.old"
+try mv "$m2" /fsx/checkpoints/model2.old
+try chmod -R a+w "$m2"
+try rm -f "$logs/neighbour-probe.log"
+try truncate -s 0 "$logs/neighbour-probe.log"
+try sbatch --account=model2 --wrap true
+try sbatch --account=ops --wrap true
+try scancel "$MODEL2_JOB"
+try scontrol hold "$MODEL2_JOB"
+try scontrol requeue "$MODEL2_JOB"
+# One S3 call with model1's credentials; a multi-object delete answers 200 and lists its refusals in Errors.
+s3() {
+  /opt/llm-jobs/venv/bin/python -c "import ast, boto3, sys
+answer = getattr(boto3.client('s3'), sys.argv[1])(**ast.literal_eval(sys.argv[2]))
+sys.exit('Errors: ' + ' '.join(e['Code'] for e in answer['Errors']) if answer.get('Errors') else 0)" "$@"
+}
+try s3 delete_object "{'Bucket': '$BACKUPS', 'Key': 'model2/step_00000010/train_meta.json'}"
+try s3 delete_objects "{'Bucket': '$BACKUPS', 'Delete': {'Objects': [{'Key': 'model2/verified/step_00000010'}]}}"
+try s3 put_bucket_versioning "{'Bucket': '$BACKUPS', 'VersioningConfiguration': {'Status': 'Suspended'}}"
+# The same means work where they should: on model1's own folder, and reading model2's backup.
+try touch /fsx/checkpoints/model1/neighbour-own-file
+try s3 list_objects_v2 "{'Bucket': '$BACKUPS', 'Prefix': 'model2/'}"
+echo "as $(id -un) on $(hostname), account $SLURM_JOB_ACCOUNT"
+"""
+# Why each attempt must fail: the file system's permissions, Slurm's accounts and job ownership, S3's IAM.
+REFUSED_BECAUSE = {"rm ": "Permission denied", "truncate ": "Permission denied", "cp ": "Permission denied",
+                   "mkdir ": "Permission denied", "ln ": "Permission denied", "mv ": "Permission denied",
+                   "chmod ": "Operation not permitted", "sbatch ": "Invalid account",
+                   "scancel ": "Access/permission denied", "scontrol hold ": "Invalid user id",
+                   "scontrol requeue ": "Access/permission denied",
+                   "s3 ": "AccessDenied"}  # DeleteObjects: "Errors: AccessDenied"
+
+
+def tree_digest(*roots: Path) -> dict[str, str]:
+    """Every entry under the roots: its type, owner, mode and content (a link: its target)."""
+    entries = {}
+    for root in roots:
+        for path in [root, *sorted(root.rglob("*"))]:
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                what = "link " + os.readlink(path)
+            elif stat.S_ISDIR(info.st_mode):
+                what = "dir"
+            else:
+                what = hashlib.sha256(path.read_bytes()).hexdigest()
+            entries[str(path)] = f"{what} {info.st_uid} {stat.filemode(info.st_mode)}"
+    return entries
+
+
+@pytest.fixture
+def model2_lineage(slurm_cluster):
+    """A checkpoint of model2's and a log file of its, as its jobs leave them (its user's); removed afterwards."""
+    fsx = slurm_cluster.fsx
+    step = fsx / "checkpoints/model2/step_00000010"
+    probe = fsx / "logs/model2/neighbour-probe.log"
+    shutil.rmtree(step, ignore_errors=True)
+    step.mkdir()
+    (step / "train_meta.json").write_text(json.dumps({"step": 10}))
+    (step / ".metadata").write_bytes(os.urandom(256))
+    probe.write_text("loss 2.5\n")
+    for path in (step, *step.iterdir(), probe):
+        shutil.chown(path, "model2", "model2")
+    try:
+        yield fsx / "checkpoints/model2", fsx / "logs/model2"
+    finally:
+        shutil.rmtree(step, ignore_errors=True)
+        probe.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def backup_bucket(slurm_cluster):
+    """The backup bucket with a backup of model2's, on a moto server that checks IAM, and model1's
+    credentials: those of a user with the CPU queue's S3 policies (the instance profile its jobs get)."""
+    with s3_server(controller_address()) as url:
+        admin = dict(endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3, iam = boto3.client("s3", **admin), boto3.client("iam", **admin)
+        s3.create_bucket(Bucket=BACKUPS)
+        s3.put_bucket_versioning(Bucket=BACKUPS, VersioningConfiguration={"Status": "Enabled"})
+        for key in ("model2/step_00000010/train_meta.json", "model2/verified/step_00000010"):
+            s3.put_object(Bucket=BACKUPS, Key=key, Body=b'{"step": 10}')
+        arn = f"arn:aws:s3:::{BACKUPS}"
+        read = {"Effect": "Allow", "Action": ["s3:Get*", "s3:List*"], "Resource": [arn, f"{arn}/*"]}  # S3Access, read-only
+        policy = backup_upload_policy(arn, ["model1", "model2"])
+        policy = {**policy, "Statement": [*policy["Statement"], read]}
+        created = iam.create_policy(PolicyName="cpu-queue", Path=PCLUSTER_POLICY_PATH, PolicyDocument=json.dumps(policy))
+        iam.create_user(UserName="cpu-node")
+        iam.attach_user_policy(UserName="cpu-node", PolicyArn=created["Policy"]["Arn"])
+        key = iam.create_access_key(UserName="cpu-node")["AccessKey"]
+        created = iam.create_policy(PolicyName="inspector", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [read]}))
+        iam.create_user(UserName="inspector")
+        iam.attach_user_policy(UserName="inspector", PolicyArn=created["Policy"]["Arn"])
+        inspector = iam.create_access_key(UserName="inspector")["AccessKey"]
+        reset_auth = urllib.request.Request(f"{url}/moto-api/reset-auth", data=b"0", headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(reset_auth, timeout=10).close()  # IAM checks on every request from now on
+        aws = aws_config("model1", url, key["AccessKeyId"], key["SecretAccessKey"])
+        try:
+            yield boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=inspector["AccessKeyId"],
+                               aws_secret_access_key=inspector["SecretAccessKey"])
+        finally:
+            shutil.rmtree(aws, ignore_errors=True)
+
+
+def job_state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slurm_cluster, model2_lineage, backup_bucket):
+    checkpoints, logs = model2_lineage
+    sleeper = login("""\
+        sudo su - model2
+        sbatch --account=model2 --nodes=1 --output=/dev/null --wrap "sleep 300"
+        """)
+    model2_job = submitted(sleeper)
+    script = logs.parent / "model1" / "neighbour.sh"
+    script.write_text(ATTACKS)
+    script.chmod(0o755)
+    try:
+        wait_for("model2's job to run", lambda: job_state(model2_job) == "RUNNING", timeout=60)
+        before = tree_digest(checkpoints, logs)
+        attack = login(f"""\
+            sudo su - model1
+            cd /opt/llm-jobs/bundle
+            MODEL2_JOB={model2_job} BACKUPS={BACKUPS} sbatch --nodes=1 --output=/fsx/logs/model1/neighbour_%j.out {script}
+            """)
+        job = submitted(attack)
+        output = logs.parent / "model1" / f"neighbour_{job}.out"
+        assert wait_for_job(job, timeout=180) == ("COMPLETED", 0), output.read_text() if output.exists() else attack.stderr
+        lines = output.read_text().splitlines()
+        assert lines[-1].startswith("as model1 on node") and lines[-1].endswith("account model1"), lines
+        attempts, controls = lines[:-3], lines[-3:-1]
+        assert len(attempts) == 19, "\n".join(lines)
+        for line in attempts:
+            command = line.removeprefix("refused: ")
+            assert line.startswith("refused: "), "\n".join(lines)
+            assert REFUSED_BECAUSE[next(k for k in REFUSED_BECAUSE if command.startswith(k))] in line, line
+        assert controls == ["DONE: touch /fsx/checkpoints/model1/neighbour-own-file",
+                            f"DONE: s3 list_objects_v2 {{'Bucket': '{BACKUPS}', 'Prefix': 'model2/'}}"], "\n".join(lines)
+        assert tree_digest(checkpoints, logs) == before
+        assert job_state(model2_job) == "RUNNING"  # neither cancelled, held nor requeued
+        kept = {o["Key"] for o in backup_bucket.list_objects_v2(Bucket=BACKUPS)["Contents"]}
+        assert kept == {"model2/step_00000010/train_meta.json", "model2/verified/step_00000010"}
+        versioning = backup_bucket.get_bucket_versioning(Bucket=BACKUPS)["Status"]
+        assert versioning == "Enabled"
+        assert pwd.getpwnam("model1").pw_uid != pwd.getpwnam("model2").pw_uid
+    finally:
+        subprocess.run(["scancel", model2_job])
+        script.unlink(missing_ok=True)
+        (logs.parent.parent / "checkpoints/model1/neighbour-own-file").unlink(missing_ok=True)
