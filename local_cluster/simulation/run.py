@@ -183,7 +183,7 @@ def set_accounts(cluster: SimCluster, models: list[ModelSim]) -> None:
     listing = cluster.base / "run" / "simulation.models"
     listing.write_text("".join(f"{m.name} {m.nodes}\n" for m in models))
     script = cluster.jobs_home / "accounts" / "slurm_accounts.sh"
-    cluster.slurm("bash", str(script), "--user", "root", str(listing), timeout=300)
+    cluster.slurm("bash", str(script), "--admin", "root", str(listing), timeout=300)
 
 
 def prepare_jobs(cluster: SimCluster, settings, models: list[ModelSim]) -> Path:
