@@ -95,10 +95,9 @@ def test_directory_setup_gives_each_model_its_user_and_folders_and_the_cluster_u
     for expected in ("export", "backups"):  # every model's export and backup logs; each removes only its own
         assert entries[expected] == ("root", "1777"), (expected, entries)
     assert entries["node-health"] == ("root", "755")  # the health hook (root) trusts what is in it
-    passwd = (node / "etc/passwd").read_text().splitlines()
+    passwd = (node / "etc/passwd").read_text().splitlines()  # the namespace's own /etc (a node's), not this machine's
     for model in ("model1", "model7"):
         assert f"{model}:x:{model_uid(model)}:{model_uid(model)}:" in "\n".join(passwd)
-    assert not Path("/etc/passwd").read_text().count("model7:")  # the namespace's own /etc, not the host's
     log = (node / "log" / "llm-directory-setup.log").read_text()
     assert "directory tree ready for 2 model(s)" in log
     assert "lfs not found" in log
@@ -328,7 +327,9 @@ def test_the_model_users_uid_is_the_one_the_settings_check():
 @needs_mount_namespace
 def test_a_user_of_the_models_name_with_another_uid_stops_the_node_naming_the_fix(node):
     uid = model_uid("model1") + 1
-    command = (f'useradd --uid {uid} --no-create-home model1 && bash {SCRIPTS / "directory_setup.sh"} "$@"')
+    # In the namespace's copy of /etc, which may hold the host's model1 (the local cluster makes it).
+    command = (f'{{ userdel model1 2>/dev/null; groupdel model1 2>/dev/null; true; }} && '
+               f'useradd --uid {uid} --no-create-home model1 && bash {SCRIPTS / "directory_setup.sh"} "$@"')
     mounts = " && ".join([own_etc(node), *(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))])
     args = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs"), "model1"]
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", f"{mounts} && {command}",
