@@ -160,6 +160,10 @@ def job_state(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
+def job_reason(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True, text=True).stdout.strip()
+
+
 def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slurm_cluster, model2_lineage, backup_bucket):
     checkpoints, logs = model2_lineage
     sleeper = login("""\
@@ -193,6 +197,17 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
                             f"DONE: s3 list_objects_v2 {{'Bucket': '{BACKUPS}', 'Prefix': 'model2/'}}"], "\n".join(lines)
         assert tree_digest(checkpoints, logs) == before
         assert job_state(model2_job) == "RUNNING"  # neither cancelled, held nor requeued
+        # model2's own second job waits for its first (the QOS's one running job): its user has no other
+        # account to go around it. (Where accounting is off, the trainer's lease refuses the second:
+        # tests/training/test_lineage.py.)
+        second = submitted(login("""\
+            sudo su - model2
+            sbatch --nodes=1 --output=/dev/null --wrap true
+            """))
+        wait_for("model2's second job held by its QOS", lambda: job_reason(second) == "QOSGrpJobsLimit", timeout=30,
+                 detail=lambda: f": {job_state(second)} {job_reason(second)}")
+        assert job_state(second) == "PENDING"
+        subprocess.run(["scancel", second])
         kept = {o["Key"] for o in backup_bucket.list_objects_v2(Bucket=BACKUPS)["Contents"]}
         assert kept == {"model2/step_00000010/train_meta.json", "model2/verified/step_00000010"}
         versioning = backup_bucket.get_bucket_versioning(Bucket=BACKUPS)["Status"]
