@@ -370,7 +370,7 @@ make_model_user() {
 }
 
 make_tree() {
-  local data="$1" checkpoints="$2" logs="$3" model
+  local data="$1" checkpoints="$2" logs="$3" model folder
   shift 3
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
@@ -390,7 +390,6 @@ make_tree() {
   make_dir "$logs/node-health" narrow
   chown root:root "$logs/node-health"
   chmod u=rwx,go=rx,g-s "$logs/node-health"  # g-s: chmod keeps a folder's setgid bit unless told
-  local folder
   for model in "$@"; do
     make_model_user "$model"
     for folder in "$checkpoints/$model" "$logs/$model" "$logs/$model/tensorboard"; do

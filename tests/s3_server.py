@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,3 +40,14 @@ def s3_server(host: str = "127.0.0.1") -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         stop(server)
+
+
+def aws_config(user: str, url: str, key: str = "testing", secret: str = "testing") -> Path:
+    """``user``'s ~/.aws for the S3 server at ``url`` (on AWS: the instance profile, and S3's own endpoint)."""
+    aws = Path(pwd.getpwnam(user).pw_dir) / ".aws"
+    aws.mkdir(exist_ok=True)
+    (aws / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\n")
+    (aws / "credentials").write_text(f"[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")
+    for path in (aws, *aws.iterdir()):
+        shutil.chown(path, user)
+    return aws

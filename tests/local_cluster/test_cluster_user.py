@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import shutil
 import subprocess
@@ -27,7 +26,7 @@ import yaml
 
 from local_cluster import demo_data
 from local_cluster.client import REPO, controller_address, login, submitted, wait_for_job
-from tests.s3_server import s3_server
+from tests.s3_server import aws_config, s3_server
 
 pytestmark = pytest.mark.slurm
 
@@ -84,17 +83,6 @@ def test_each_user_is_told_whom_to_become_and_each_has_its_own_accounts(slurm_cl
         {accounts}
         """)
     assert model.stdout.splitlines() == [MODEL_USER, "model1 "], model.stdout + model.stderr
-
-
-def aws_config(user: str, url: str, key: str = "testing", secret: str = "testing") -> Path:
-    """``user``'s ~/.aws for the S3 server at ``url`` (on AWS: the instance profile, and S3's own endpoint)."""
-    aws = Path(pwd.getpwnam(user).pw_dir) / ".aws"
-    aws.mkdir(exist_ok=True)
-    (aws / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\n")
-    (aws / "credentials").write_text(f"[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")
-    for path in (aws, *aws.iterdir()):
-        shutil.chown(path, user)
-    return aws
 
 
 @pytest.fixture

@@ -34,8 +34,7 @@ import pytest
 
 from cluster_config.render import PCLUSTER_POLICY_PATH, backup_upload_policy
 from local_cluster.client import controller_address, login, submitted, wait_for, wait_for_job
-from tests.local_cluster.test_cluster_user import aws_config
-from tests.s3_server import s3_server
+from tests.s3_server import aws_config, s3_server
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +51,7 @@ try rm -rf "$m2/step_00000010"
 try rm -f "$m2/step_00000010/train_meta.json"
 try truncate -s 0 "$m2/step_00000010/train_meta.json"
 try cp /etc/hostname "$m2/step_00000010/.metadata"
-try mkdir "$m2/step_00000020"
+try mkdir "$m2/neighbour-new-step"  # a name no other job leaves there
 try ln -sfn step_00000000 "$m2/neighbour-latest"
 try mv "$m2/step_00000010" "$m2/step_00000010.old"
 try mv "$m2" /fsx/checkpoints/model2.old
