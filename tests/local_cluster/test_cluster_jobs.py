@@ -14,6 +14,12 @@ from cluster_checks.results import COLLECTIVES, bus_factor
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
+def hostnames(nodelist: str) -> list[str]:
+    """A Slurm node list expanded (node[1-2] -> node1 node2), sorted."""
+    return sorted(subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout.split())
+
+
 def write_script(path: Path, body: str) -> Path:
     path.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + body)
     return path
@@ -24,7 +30,8 @@ def test_two_node_smoke_test_lands_one_task_per_node(slurm_cluster):
     assert slurm_cluster.wait(job, timeout=90) == ("COMPLETED", 0)
     log = (slurm_cluster.fsx / "logs" / "validation" / f"test-2nodes_{job}.out").read_text()
     hosts = sorted(line.split()[-1] for line in log.splitlines() if line.startswith("task "))
-    assert hosts == ["node1", "node2"]
+    (record,) = slurm_cluster.jobs(job)
+    assert hosts == hostnames(record["NodeList"]) and len(hosts) == 2, (hosts, record["NodeList"])
     assert log.count("GPUs: none (nvidia-smi not found)") == 2
     assert "OK: 2 distinct hosts" in log
 
@@ -37,7 +44,8 @@ def test_job_array_runs_every_index(slurm_cluster, tmp_path):
     indices = sorted(int(p.read_text().split()[0]) for p in tmp_path.glob("task_*"))
     assert indices == [0, 1, 2, 3]
     assert len(list(tmp_path.glob(f"array_{job}_*.out"))) == 4
-    assert {p.read_text().split()[1] for p in tmp_path.glob("task_*")} <= {"node1", "node2"}
+    ran_on = {host for record in slurm_cluster.jobs(job) for host in hostnames(record["NodeList"])}
+    assert {p.read_text().split()[1] for p in tmp_path.glob("task_*")} <= ran_on
 
 
 def test_requeue_reruns_the_job_with_incremented_restart_count(slurm_cluster, tmp_path):
@@ -72,7 +80,9 @@ def test_collective_benchmark_across_both_nodes(slurm_cluster, tmp_path):
     assert state == ("COMPLETED", 0), log[-3000:]
 
     meta = json.loads((out_dir / "results.json").read_text())
-    assert meta["world_size"] == 4 and meta["nodes"] == ["node1", "node2"] and meta["backend"] == "gloo"
+    (record,) = slurm_cluster.jobs(job)
+    nodes = hostnames(record["NodeList"])
+    assert meta["world_size"] == 4 and meta["nodes"] == nodes and len(nodes) == 2 and meta["backend"] == "gloo"
     rows = meta["results"]
     assert sorted({r["collective"] for r in rows}) == sorted(COLLECTIVES)
     for r in rows:
@@ -83,4 +93,4 @@ def test_collective_benchmark_across_both_nodes(slurm_cluster, tmp_path):
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * bus_factor(r["collective"], 4))
     assert (out_dir / "busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out_dir / "results.csv").read_text().count("\n") == len(rows) + 1
-    assert "gloo: 4 ranks on 2 node(s) (node1, node2)" in log
+    assert f"gloo: 4 ranks on 2 node(s) ({', '.join(nodes)})" in log

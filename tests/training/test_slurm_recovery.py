@@ -79,7 +79,7 @@ def test_killed_worker_recovers_with_no_resubmission_on_its_first_code(cluster, 
     job.wait_for_step(8)
     # A cluster update rewrites the bundle under the running job: the requeue must not run it.
     (bundle / "training/train.py").write_text('raise SystemExit("the updated code ran")\n')
-    job.kill_worker(signal.SIGKILL, node="node2")  # what an Xid error, an OOM kill or a lost GPU does
+    job.kill_worker(signal.SIGKILL, node=job.nodes()[-1])  # what an Xid error, an OOM kill or a lost GPU does
     [event] = recovered(job, reference)
     assert "running the snapshot taken at its first start" in job.output()
     assert event["action"] == "requeue" and event["recovery"] == 1
@@ -93,7 +93,7 @@ def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference
     job = submit(cluster, "sigstop")
     job.wait_for_step(8)
     stopped_at = time.monotonic()
-    pid = job.kill_worker(signal.SIGSTOP, node="node2")  # a rank stuck on storage or in a driver call
+    pid = job.kill_worker(signal.SIGSTOP, node=job.nodes()[-1])  # a rank stuck on storage or in a driver call
     try:
         detected = job.wait_until("hang report", lambda _: list(job.log_dir.glob(f"hang_{job.id}_rank*.txt")), 120)
         job.wait_until("the stopped worker's end", lambda _: not Path(f"/proc/{pid}").exists(), 120)  # Slurm kills it
@@ -101,7 +101,7 @@ def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference
         continue_stopped(pid)
     events = recovered(job, reference)
     assert events[0]["cause"].startswith("hang: rank 0 of job")
-    # The waiting rank (rank 0, node1) dumped its stacks: it was blocked in a collective of the step.
+    # The waiting rank (rank 0, on the first node) dumped its stacks: it was blocked in a collective of the step.
     report = (job.log_dir / f"hang_{job.id}_rank0.txt").read_text()
     assert "no training step completed" in report and "Thread" in report and "train.py" in report
     assert (job.log_dir / f"fr_trace_{job.id}_rank0.pkl").stat().st_size > 0  # gloo's flight recorder

@@ -154,9 +154,14 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
 
 
-def test_gpu_monitor_runs_on_every_node_and_stops_with_the_job(uninterrupted, fake_gpu_bin):
+def test_gpu_monitor_runs_on_every_node_and_stops_with_the_job(slurm_cluster, uninterrupted, fake_gpu_bin):
     logs = uninterrupted.host_root / "logs/model1"
-    for node in ("node1", "node2"):
+    # The nodes Slurm chose: after another test's drain, or a job still ending, not always node1 and node2.
+    (record,) = slurm_cluster.jobs(uninterrupted.id)
+    nodes = subprocess.run(["scontrol", "show", "hostnames", record["NodeList"]], capture_output=True,
+                           text=True, timeout=30, check=True).stdout.split()
+    assert len(nodes) == 2, record["NodeList"]
+    for node in nodes:
         lines = (logs / f"gpu_{uninterrupted.id}_{node}.csv").read_text().splitlines()
         assert lines[0].startswith("timestamp") and len(lines) >= 2, lines
     assert _processes_running(str(fake_gpu_bin)) == []
