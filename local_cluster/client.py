@@ -52,10 +52,30 @@ def unsupported_reason() -> str | None:
     return None
 
 
+def cluster_name() -> str:
+    """The local cluster this process talks to: the default one, or the one LOCAL_CLUSTER_NAME names (then
+    SLURM_CONF names its slurm.conf, and LOCAL_CLUSTER_NET and LOCAL_CLUSTER_PORT_OFFSET its network: see
+    cluster.sh). ``make test`` runs the tests marked any_cluster on a second one (scripts/test_all.sh)."""
+    return os.environ.get("LOCAL_CLUSTER_NAME", "")
+
+
+def slurm_cluster_name() -> str:
+    """Its ClusterName, which Slurm puts in every job's environment (SLURM_CLUSTER_NAME): two local clusters
+    number their jobs alike, so a job's processes are told apart by it."""
+    return cluster_name() or "localcluster"
+
+
+def slurm_conf_env() -> dict[str, str]:
+    """SLURM_CONF where this process has it, for a command run with an environment of its own: without it,
+    Slurm's commands reach the default cluster."""
+    return {"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}
+
+
 class LocalCluster:
     def __init__(self, repo: Path = REPO):
         self.repo = repo
-        self.fsx = repo / ".local_cluster" / "fsx"  # what jobs see as /fsx
+        self.base = repo / ".local_cluster" / cluster_name()  # its state, logs, shared folders
+        self.fsx = self.base / "fsx"  # what jobs see as /fsx
         self.env = {**os.environ, **HARNESS_ENV, "JOBS_VENV": str(repo / ".venv")}  # environment jobs are submitted with
 
     def cluster_sh(self, command: str) -> subprocess.CompletedProcess:

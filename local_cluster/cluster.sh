@@ -575,7 +575,7 @@ cmd_up() {
   wait_nodes_ready "${healthy[@]}"
   wait_monitoring_ready
   log "up in $(elapsed "$start") s: controller $(hostname -s) ($HEAD_IP:$CTLD_PORT), nodes ${healthy[*]}, /fsx/{data,checkpoints,logs} -> $FSX"
-  log "alerts: Prometheus http://127.0.0.1:$PROM_PORT/alerts, Alertmanager http://127.0.0.1:$AM_PORT, notifications $ALERTS_LOG"
+  [[ -n $NAME ]] || log "alerts: Prometheus http://127.0.0.1:$PROM_PORT/alerts, Alertmanager http://127.0.0.1:$AM_PORT, notifications $ALERTS_LOG"
   for node in "${BOOT_FAILED[@]}"; do
     log "$node is out of service: $(cat "$BOOT/$node.failed" 2>/dev/null || echo "its boot failed") (log: $LOGS/boot-$node.log; '$0 up' boots it again)"
   done

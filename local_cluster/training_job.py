@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from local_cluster.client import LocalCluster
+from local_cluster.client import LocalCluster, slurm_cluster_name, slurm_conf_env
 from training.status import read_metrics
 
 TINY = ("--config", "jobs/training/configs/tiny.yaml")
@@ -133,7 +133,8 @@ def release_node(cluster: LocalCluster, node: str, why: str) -> None:
     back into service, recorded in the failure history, its earlier failures no longer counted."""
     subprocess.run(["bash", str(cluster.repo / "node_scripts/slurm_health_hook.sh"), "--release", node, why],
                    env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HEALTH_LOG": "/dev/null",
-                        "HEALTH_HISTORY": str(cluster.fsx / "logs/node-health/history.tsv")}, check=False)
+                        "HEALTH_HISTORY": str(cluster.fsx / "logs/node-health/history.tsv"),
+                        **slurm_conf_env()}, check=False)
 
 
 def continue_stopped(pid: int) -> None:
@@ -145,8 +146,9 @@ def continue_stopped(pid: int) -> None:
 
 
 def worker_pids(job_id: str, node: str | None = None) -> list[int]:
-    """Training workers of Slurm job ``job_id``: children of its torchruns (the nodes share the host's /proc)."""
-    pids = []
+    """Training workers of Slurm job ``job_id`` of this process's cluster: children of its torchruns (the nodes
+    share the host's /proc)."""
+    pids, cluster = [], f"SLURM_CLUSTER_NAME={slurm_cluster_name()}".encode()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
@@ -156,7 +158,7 @@ def worker_pids(job_id: str, node: str | None = None) -> list[int]:
         except OSError:
             continue
         is_python = b"python" in cmd.split(b"\0")[0]  # not srun, whose command line names torchrun too
-        if (f"SLURM_JOB_ID={job_id}".encode() in env and is_python and b"training.train" in cmd
+        if (f"SLURM_JOB_ID={job_id}".encode() in env and cluster in env and is_python and b"training.train" in cmd
                 and b"torchrun" in parent_cmd
                 and (node is None or f"SLURMD_NODENAME={node}".encode() in env)):
             pids.append(int(proc.name))

@@ -7,8 +7,9 @@
 --slow-over S lists the tests outside the local cluster that took more than S seconds of wall or CPU
 time: tests/conftest.py marks them slow, which keeps them out of `make test-fast`.
 
-Wall time is each test's own (setup, call, teardown); the two halves of `make test` run side by side,
-so the suite's wall time is the longer half, not the sum. CPU time is the pytest process's and its
+Wall time is each test's own (setup, call, teardown); the four processes of `make test` (the tests on
+the default local cluster, those on a second one, tests/training/ without a cluster, the rest) run side
+by side, so the suite's wall time is the longest of them, not the sum. CPU time is the pytest process's and its
 waited-for children's: the local cluster's jobs run under slurmd, not pytest, so their CPU is not in it.
 """
 
@@ -41,6 +42,17 @@ def kind_of(record: dict) -> str:
     return next((kind for prefix, kind in KINDS if record["test"].startswith(prefix)), UNIT)
 
 
+TRAINING = "tests/training/"  # make test runs these, outside the clusters, in a process of their own
+
+
+def part_name(cluster: str) -> str:
+    if cluster == TRAINING:
+        return "tests/training/ without a cluster"
+    if not cluster:
+        return "the rest without a cluster"
+    return "on the default cluster" if cluster == "default" else f"on the second cluster ({cluster})"
+
+
 def tables(records: list[dict], files: int | None = None) -> str:
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     by_file: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, ""])
@@ -50,9 +62,12 @@ def tables(records: list[dict], files: int | None = None) -> str:
             row[1] += r["wall_s"]
             row[2] += r["cpu_s"]
         by_file[r["test"].split("::")[0]][3] = kind_of(r)
-    halves = {half: sum(r["wall_s"] for r in records if r["slurm"] == half) for half in (True, False)}
+    parts: dict[str, float] = defaultdict(float)
+    for r in records:  # lines written before the second cluster carry no "cluster": the default one ran them
+        parts[r.get("cluster", "default") if r["slurm"] else TRAINING if r["test"].startswith("tests/training/") else ""] += r["wall_s"]
     lines = [
-        f"The local-cluster half: {halves[True] / 60:.1f} min of tests; the other half: {halves[False] / 60:.1f} min.",
+        "Minutes of tests in each process of `make test`: "
+        + "; ".join(f"{part_name(name)}: {wall / 60:.1f}" for name, wall in sorted(parts.items(), key=lambda kv: -kv[1])) + ".",
         "",
         "| kind | tests | wall (s) | CPU (s) |",
         "|---|---:|---:|---:|",

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# make test: the whole suite as two pytest processes side by side. The local-cluster tests (marked
+# make test: the whole suite as four pytest processes side by side. The local-cluster tests (marked
 # slurm) mostly wait, on Slurm, Prometheus and simulations in compressed time; the others mostly
-# compute. Together, the waiting overlaps the computing. The computing half runs at a lower CPU
-# priority (nice 10), so the cluster's drills keep the timing they were written for. The local-cluster
-# half's output is printed whole after the other's. Exit 0 only when both halves passed.
+# compute. Together, the waiting overlaps the computing. The local-cluster tests are split in two: those
+# marked any_cluster (Slurm and /fsx only) run on a second local cluster of their own (named "two", its
+# own network and ports), the rest (login, /opt/llm-jobs, monitoring) on the default one. The tests
+# without a cluster are split in two as well: tests/training/ (multi-process training on CPUs) and the
+# rest, so that both cores compute while the clusters wait; with pytest arguments (a folder, -k) they run
+# as one process. Those run at a lower CPU priority (nice 10), so the cluster's drills keep the timing
+# they were written for. The other processes' output is printed whole after the first's. Exit 0 only
+# when all passed.
 #   scripts/test_all.sh [pytest arguments, e.g. a folder]
 set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-.venv/bin/python}"
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+default_log="$(mktemp)" second_log="$(mktemp)" training_log="$(mktemp)"
+trap 'rm -f "$default_log" "$second_log" "$training_log"' EXIT
+# The second cluster (local_cluster/cluster.sh, LOCAL_CLUSTER_NAME): beside the default one (10.199.77,
+# ports from 16817) and the goodput simulation's (10.199.78, +100).
+SECOND=(LOCAL_CLUSTER_NAME=two LOCAL_CLUSTER_NET=10.199.79 LOCAL_CLUSTER_PORT_OFFSET=200
+  "SLURM_CONF=$REPO/.local_cluster/two/slurm.conf")
 
-passed() {  # pytest's exit status, with "no test selected" (5) a pass: a selection may hold one half only
+passed() {  # pytest's exit status, with "no test selected" (5) a pass: a selection may hold one part only
   [[ $1 == 0 || $1 == 5 ]]
 }
 
@@ -20,18 +30,42 @@ busy_cpu_s() {  # seconds the machine's CPUs were busy since boot (all but idle 
 
 start=$SECONDS
 busy0=$(busy_cpu_s)
-( "$PY" -m pytest -m slurm "$@"; status=$?; echo "== the local-cluster half took $((SECONDS - start)) s"; exit $status ) >"$log" 2>&1 &
-cluster_half=$!
-nice -n 10 "$PY" -m pytest -m "not slurm" "$@"
-other=$?
-other_s=$((SECONDS - start))
-wait "$cluster_half"
-cluster=$?
+( "$PY" -m pytest -m "slurm and not any_cluster" "$@"; status=$?
+  echo "== the default cluster's tests took $((SECONDS - start)) s"; exit $status ) >"$default_log" 2>&1 &
+default_part=$!
+( env "${SECOND[@]}" "$PY" -m pytest -m "slurm and any_cluster" "$@"; status=$?
+  echo "== the second cluster's tests took $((SECONDS - start)) s"; exit $status ) >"$second_log" 2>&1 &
+second_part=$!
+training=0
+if (($# == 0)); then
+  ( nice -n 10 "$PY" -m pytest -m "not slurm" tests/training; status=$?
+    echo "== the training tests without a cluster took $((SECONDS - start)) s"; exit $status ) >"$training_log" 2>&1 &
+  training_part=$!
+  nice -n 10 "$PY" -m pytest -m "not slurm" --ignore=tests/training
+  other=$?
+  other_s=$((SECONDS - start))
+  wait "$training_part"
+  training=$?
+  echo
+  echo "== the training tests without a cluster (pytest -m 'not slurm' tests/training), run beside the others:"
+  cat "$training_log"
+else
+  nice -n 10 "$PY" -m pytest -m "not slurm" "$@"
+  other=$?
+  other_s=$((SECONDS - start))
+fi
+wait "$default_part"
+default=$?
+wait "$second_part"
+second=$?
 echo
-echo "== the local-cluster tests (pytest -m slurm), run beside the others:"
-cat "$log"
+echo "== the local-cluster tests on the default cluster (pytest -m 'slurm and not any_cluster'), run beside the others:"
+cat "$default_log"
+echo
+echo "== the local-cluster tests on a second cluster (pytest -m 'slurm and any_cluster', LOCAL_CLUSTER_NAME=two):"
+cat "$second_log"
 wall=$((SECONDS - start))
-echo "== the other half took $other_s s; make test took $wall s, in which the machine's $(nproc) CPUs were" \
+echo "== the other tests without a cluster took $other_s s; make test took $wall s, in which the machine's $(nproc) CPUs were" \
   "busy $(awk -v b0="$busy0" -v b1="$(busy_cpu_s)" -v w="$wall" -v n="$(nproc)" \
   'BEGIN{printf "%.0f s (%.0f %% of %d s)", b1 - b0, 100 * (b1 - b0) / (w * n), w * n}')"
-passed "$other" && passed "$cluster"
+passed "$other" && passed "$training" && passed "$default" && passed "$second"

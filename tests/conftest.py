@@ -31,7 +31,7 @@ import pytest
 
 from cluster_config.model_jobs import write_job_files
 from cluster_config.settings import load_settings
-from local_cluster.client import LocalCluster, unsupported_reason
+from local_cluster.client import LocalCluster, cluster_name, unsupported_reason
 
 
 @dataclass
@@ -83,9 +83,9 @@ def pytest_collection_modifyitems(items):
 
 
 # With SUITE_TIMES=<file>, every test appends one JSON line: its id, whether it needs the local
-# cluster, its wall time and the CPU time of this process and the children it waited for (setup,
-# call and teardown together, so a session fixture is charged to the first test that needs it).
-# scripts/suite_times.py turns the lines of both halves of `make test` into the table in the docs.
+# cluster and which one ran it, its wall time and the CPU time of this process and the children it
+# waited for (setup, call and teardown together, so a session fixture is charged to the first test that
+# needs it). scripts/suite_times.py turns the lines of make test's four processes into the docs' tables.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     path = os.environ.get("SUITE_TIMES")
@@ -96,11 +96,12 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     record = {
         "test": item.nodeid,
-        "slurm": item.get_closest_marker("slurm") is not None,
+        "slurm": (slurm := item.get_closest_marker("slurm") is not None),
+        "cluster": (cluster_name() or "default") if slurm else "",
         "wall_s": round(time.monotonic() - wall0, 3),
         "cpu_s": round(_cpu_seconds() - cpu0, 3),
     }
-    with open(path, "a") as out:  # one short line per write: the two halves may share the file
+    with open(path, "a") as out:  # one short line per write: make test's four processes share the file
         out.write(json.dumps(record) + "\n")
 
 

@@ -78,6 +78,7 @@ def test_data_pipeline_benchmark(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.any_cluster
 def test_training_benchmark(slurm_cluster, tmp_path):
     """Its data-wait figure comes from a two-node job on the local cluster, as in `make bench`."""
     proc, result = run([sys.executable, "-m", "benchmarks.training", "--saves", "1", "--hidden", "128",
@@ -106,6 +107,7 @@ def test_training_benchmark(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.any_cluster
 def test_recovery_benchmark(slurm_cluster, tmp_path):
     """The baseline fault alone (the time limit): the reference run, the fault, the requeue, the resumed run."""
     proc, result = run([sys.executable, "-m", "benchmarks.recovery", "--faults", "time-limit"],

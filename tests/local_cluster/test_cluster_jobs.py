@@ -11,7 +11,7 @@ import pytest
 
 from cluster_checks.results import COLLECTIVES, bus_factor
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster]
 
 
 def hostnames(nodelist: str) -> list[str]:

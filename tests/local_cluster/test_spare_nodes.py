@@ -25,9 +25,9 @@ import pytest
 
 from local_cluster import demo_data
 from local_cluster.client import wait_for
-from local_cluster.training_job import TrainingJob
+from local_cluster.training_job import TrainingJob, release_node
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster]
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "node_scripts" / "slurm_health_hook.sh"
 NODES = ("node2", "node3")  # model2's share (1) + 1 spare
@@ -54,7 +54,7 @@ def cluster(slurm_cluster):
         if time.monotonic() > deadline:
             pytest.skip(f"{busy}: the test needs {', '.join(NODES)} idle")
         time.sleep(1)
-    etc = slurm_cluster.repo / ".local_cluster" / "opt" / "slurm" / "etc"
+    etc = slurm_cluster.base / "opt" / "slurm" / "etc"
     installed = [etc / "llm" / "slurm_health_hook.sh", *(etc / "scripts" / f"{h}.d" / "80_llm_node_health" for h in ("prolog", "epilog"))]
     saved = {path: path.read_bytes() for path in installed if path.exists() and not filecmp.cmp(path, HOOK, shallow=False)}
     for path in saved:
@@ -68,13 +68,6 @@ def cluster(slurm_cluster):
 def history(cluster) -> list[list[str]]:
     path = cluster.fsx / "logs" / "node-health" / "history.tsv"
     return [line.split("\t") for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def release(node: str, note: str) -> None:
-    # As the operator runs it on the head node; the nodes see the history at /fsx/logs, the host at .local_cluster/fsx/logs.
-    env = {"HEALTH_HISTORY": str(REPO / ".local_cluster/fsx/logs/node-health/history.tsv"), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
-           "HEALTH_LOG": "/dev/null"}
-    subprocess.run(["bash", str(HOOK), "--release", node, note], env=env, check=True, capture_output=True)
 
 
 def test_a_requeued_job_restarts_on_the_spare_and_a_node_failing_twice_is_quarantined(cluster):
@@ -130,7 +123,7 @@ def test_a_requeued_job_restarts_on_the_spare_and_a_node_failing_twice_is_quaran
 
         for node in (bad, spare):
             (markers / node).unlink()
-            release(node, "test: inspected")
+            release_node(cluster, node, "test: inspected")
         assert job.wait(timeout=600) == ("COMPLETED", 0), job.output()[-3000:]
         assert [line[3] for line in history(cluster)[lines_before:]][-2:] == ["release", "release"]
     finally:
@@ -138,5 +131,5 @@ def test_a_requeued_job_restarts_on_the_spare_and_a_node_failing_twice_is_quaran
         for node in NODES:
             (markers / node).unlink(missing_ok=True)
             if node_state(node)[1]:
-                release(node, "test cleanup")
+                release_node(cluster, node, "test cleanup")
         shutil.rmtree(job.host_root, ignore_errors=True)

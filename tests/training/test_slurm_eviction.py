@@ -21,7 +21,7 @@ from benchmarks.false_eviction.drill import INTERVAL, INTERVALS, MARGIN, RUN, ST
 from local_cluster.cpu_limit import CpuLimit
 from local_cluster.training_job import release_node
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from local_cluster import demo_data
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
 
 
 def submit(cluster, root, *args: str) -> subprocess.CompletedProcess:
