@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Demo of the local cluster: bring it up (`up` prints each node's custom actions: script, args, exit
 # status, seconds), run the two-node smoke test and the collective benchmark across both nodes, print
-# the results. Fails loudly if a job fails.
+# the results. Fails loudly if a job fails. The jobs are submitted as the runbook has it: by the cluster's
+# user, typed into a Session Manager-like login (`cluster.sh login`: ssm-user, then sudo su - ec2-user).
 #   local_cluster/demo.sh [options for cluster_checks.collectives, e.g. --max-bytes 64M]
 set -euo pipefail
 
@@ -10,15 +11,25 @@ LOGS="$REPO/.local_cluster/fsx/logs/validation"   # /fsx/logs/validation as the 
 cd "$REPO"
 
 "$REPO/local_cluster/cluster.sh" up
-# Jobs run the repository's venv from the shared file system (sbatch exports this environment).
-export JOBS_VENV="${JOBS_VENV:-$REPO/.venv}"
-export CLUSTER_ENV=/dev/null  # no deployment buckets here (local_cluster/client.py, HARNESS_ENV)
 
 # Wait for a job to end (the one wait helper, local_cluster/client.py); non-zero unless it completed.
-wait_job() { "$JOBS_VENV/bin/python" -m local_cluster.client wait "$1" --timeout 600; }
+wait_job() { "$REPO/.venv/bin/python" -m local_cluster.client wait "$1" --timeout 600; }
 
-smoke=$(sbatch --parsable jobs/test_2nodes.sh)
-collectives=$(sbatch --parsable jobs/collectives.sh "$@")
+# COMMAND typed as ec2-user in /opt/llm-jobs/bundle; prints what it printed, which must be a job id.
+submit_as_cluster_user() {
+  local id
+  echo "[ec2-user@head /opt/llm-jobs/bundle]\$ $1" >&2
+  id=$("$REPO/local_cluster/cluster.sh" login <<EOF
+sudo su - ec2-user
+cd /opt/llm-jobs/bundle && $1
+EOF
+  )
+  [[ $id =~ ^[0-9]+$ ]] || { echo "error: '$1' as ec2-user printed '$id', not a job id" >&2; exit 1; }
+  echo "$id"
+}
+
+smoke=$(submit_as_cluster_user "sbatch --parsable jobs/test_2nodes.sh")
+collectives=$(submit_as_cluster_user "sbatch --parsable jobs/collectives.sh $*")
 echo "submitted: test-2nodes job $smoke, collectives job $collectives"
 
 failed=0

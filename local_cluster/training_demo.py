@@ -1,23 +1,27 @@
-"""Demo on the local Slurm cluster: dev's two models side by side on their shares, one interrupted and
-resumed, then each model's node-hours from the accounting database.
+"""Demo on the local Slurm cluster: dev's two models side by side on their shares, each submitted by its own
+user as the runbook has it, one interrupted and resumed, then each model's node-hours from the accounting
+database.
 
-    .venv/bin/python -m local_cluster.training_demo      (from the repository root, cluster up)
+    .venv/bin/python -m local_cluster.training_demo      (from the repository root, cluster up, as root)
 
 1. builds dev's dataset on the stand-in FSx (/fsx/data/tokenized/sample, its tokenizer beside it) and
-   clears the stand-in's checkpoints and metrics of model1 and model2 for a fresh run;
-2. a submission its preflight refuses (model1 at seq_len 256; the data holds 128): no node is taken;
-3. ``bash jobs/submit.sh model1`` (2 nodes) and ``model2`` (1 node): each passes its preflight and
-   runs on its share, under its own Slurm account and QOS, at the same time;
-4. a second model1 job pends (QOSGrpJobsLimit) and a 3-node model1 job is refused at submission;
-5. at step 20 sends model1 SIGUSR1, as ``--signal=USR1@600`` does before the time limit: the
+   empties the stand-in's checkpoints and metrics of model1 and model2 for a fresh run (the folders, their
+   model users', stay);
+2. every submission is typed into a Session Manager-like login (``local_cluster/cluster.sh login``, as
+   ssm-user), after ``sudo su - <model>`` and ``cd /opt/llm-jobs/bundle``, with two local departures typed
+   where they apply: ``SBATCH_GPUS_PER_NODE=0`` (no GPUs here) and ``CLUSTER_ENV=/dev/null`` (no deployment
+   buckets: no backup is queued);
+3. a submission its preflight refuses (model1 at seq_len 256; the data holds 128): no node is taken;
+4. ``bash jobs/submit.sh model1`` (2 nodes) and ``model2`` (1 node), each as its own user: each passes its
+   preflight and runs on its share, under its own Slurm account and QOS, at the same time;
+5. a second model1 job pends (QOSGrpJobsLimit) and a 3-node model1 job is refused at submission;
+6. at step 20 sends model1 SIGUSR1, as ``--signal=USR1@600`` does before the time limit: the
    workers save, the job requeues itself and resumes from that checkpoint;
-6. writes each loss curve to /fsx/logs/<model>/loss.png and prints ``jobs/usage.sh``.
+7. writes each loss curve to /fsx/logs/<model>/loss.png and prints ``jobs/usage.sh``.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,24 +33,33 @@ from training import plot
 from training.status import read_metrics
 
 from . import demo_data
-from .client import HARNESS_ENV, REPO, job_records, wait_for_job
+from .client import REPO, job_records, login, submitted, wait_for_job
 
 SHARE_LIMITS = ("QOSGrpJobsLimit", "QOSGrpNodeLimit", "QOSMaxJobsPerUserLimit")
 
 
-def run(cmd: list[str], env: dict, check: bool = True) -> subprocess.CompletedProcess:
-    print("$", " ".join(cmd))
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {result.returncode}): {result.stderr.strip()}")
+# Typed before each submission: the local departures (module docstring).
+LOCAL = "SBATCH_GPUS_PER_NODE=0 CLUSTER_ENV=/dev/null"
+
+
+def as_user(user: str, typed: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``typed`` in a login on the head node after ``sudo su - <user>`` and ``cd /opt/llm-jobs/bundle``;
+    shows what was typed and what the shell printed."""
+    print(f"[{user}@head /opt/llm-jobs/bundle]$ {typed}")
+    result = login(f"sudo su - {user}\ncd /opt/llm-jobs/bundle\n{typed}\necho \"exit $?\"\n")
+    lines = result.stdout.strip().splitlines()
+    status = int(lines.pop().removeprefix("exit ")) if lines and lines[-1].startswith("exit ") else result.returncode
+    for line in lines + result.stderr.strip().splitlines():
+        print("  " + line)
+    if check and status != 0:
+        raise RuntimeError(f"{user}: {typed} failed (exit {status})")
+    result.returncode = status
     return result
 
 
-def submit(model: str, *overrides: str, env: dict) -> str:
-    """``bash jobs/submit.sh``: the preflight, then sbatch; returns the job id."""
-    result = run(["bash", "jobs/submit.sh", model, *overrides], env)
-    print("  " + result.stdout.strip().replace("\n", "\n  "))
-    return re.search(r"Submitted batch job (\d+)", result.stdout).group(1)
+def submit(model: str, *overrides: str) -> str:
+    """``bash jobs/submit.sh`` as the model's user: the preflight, then sbatch; returns the job id."""
+    return submitted(as_user(model, " ".join([LOCAL, "bash jobs/submit.sh", model, *overrides])))
 
 
 def pending_reason(job: str, timeout: float = 30) -> str:
@@ -72,32 +85,28 @@ def main(argv: list[str] | None = None) -> int:
 
     demo_data.build(fsx / "data/tokenized/sample")
     for model in ("model1", "model2"):
-        shutil.rmtree(fsx / "checkpoints" / model, ignore_errors=True)  # the local stand-in only
-        (fsx / "logs" / model).mkdir(parents=True, exist_ok=True)  # Slurm does not create it
+        for entry in (fsx / "checkpoints" / model).glob("*"):  # the local stand-in only; the folder is the model's
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         (fsx / "logs" / model / "metrics.jsonl").unlink(missing_ok=True)
-    # What the head node has: the file systems at their paths (here the stand-in's host paths, which the
-    # nodes see too), the jobs' venv; no GPUs on these nodes.
-    env = {**os.environ, **HARNESS_ENV, "JOBS_VENV": os.environ.get("JOBS_VENV", str(REPO / ".venv")),
-           "FSX_DATA": str(fsx / "data"), "FSX_CHECKPOINTS": str(fsx / "checkpoints"), "FSX_LOGS": str(fsx / "logs"),
-           "SBATCH_GPUS_PER_NODE": "0"}
+        # What root's runs left in the model's folders (the alert drills, an earlier demo's) becomes the model's,
+        # as the head node's boot does with an earlier release's files: its jobs write there as its user.
+        subprocess.run(["chown", "-R", f"{model}:{model}", fsx / "checkpoints" / model, fsx / "logs" / model], check=True)
     ok = True
 
     print("\n-- a submission its preflight refuses: no node is taken")
-    refused = run(["bash", "jobs/submit.sh", "model1", "data.seq_len=256"], env, check=False)
-    print("  " + refused.stderr.strip().replace("\n", "\n  "))
+    refused = as_user("model1", f"{LOCAL} bash jobs/submit.sh model1 data.seq_len=256", check=False)
     ok &= refused.returncode == 2
 
-    print("\n-- model1 (2 nodes) and model2 (1 node), each on its share")
-    model1 = submit("model1", f"train.steps={args.steps}", "log.interval=1", env=env)
-    model2 = submit("model2", f"train.steps={args.steps // 2}", "log.interval=1", env=env)
+    print("\n-- model1 (2 nodes) and model2 (1 node), each by its own user, on its share")
+    model1 = submit("model1", f"train.steps={args.steps}", "log.interval=1")
+    model2 = submit("model2", f"train.steps={args.steps // 2}", "log.interval=1")
 
     print("\n-- a second model1 job waits for the first; more nodes than model1's share are refused")
-    duplicate = submit("model1", env=env)
+    duplicate = submit("model1")
     reason = pending_reason(duplicate)
-    oversize = run(["sbatch", "--nodes=3", "jobs/train_model1.sh"], env, check=False)
-    print(run(["squeue", "-o", "%.6i %.8a %.8q %.3D %.9T %r"], env).stdout.rstrip())
-    print(f"sbatch --nodes=3 jobs/train_model1.sh: {oversize.stderr.strip()}")
-    run(["scancel", duplicate], env)
+    oversize = as_user("model1", f"{LOCAL} sbatch --nodes=3 jobs/train_model1.sh", check=False)
+    print(subprocess.run(["squeue", "-o", "%.6i %.8u %.8a %.8q %.3D %.9T %r"], capture_output=True, text=True).stdout.rstrip())
+    as_user("model1", f"scancel {duplicate}")
     ok &= reason in SHARE_LIMITS and oversize.returncode != 0
 
     metrics = fsx / "logs/model1/metrics.jsonl"
@@ -123,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         png = plot.plot(fsx / f"logs/{model}/metrics.jsonl", fsx / f"logs/{model}/loss.png",
                         title=f"{model} (dev, tiny preset), {fields['NumNodes']} node(s), job {job}")
         print(f"\n{model} job {job}: {fields['JobState']} exit {fields.get('ExitCode')}, restarts {fields.get('Restarts')}, "
-              f"account {fields.get('Account')}")
+              f"user {fields.get('UserId', '').split('(')[0]}, account {fields.get('Account')}")
         if losses:
             first, last = min(losses), max(losses)
             print(f"  loss {losses[first]:.3f} at step {first} -> {losses[last]:.3f} at step {last}")
@@ -133,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         ok &= fields["JobState"] == "COMPLETED"
 
     print("\n-- usage per model, from the accounting database")
-    print(run(["bash", "jobs/usage.sh", "-t", "minutes"], env).stdout.rstrip())
+    as_user("ec2-user", "bash jobs/usage.sh -t minutes")
     return 0 if ok else 1
 
 

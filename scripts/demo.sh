@@ -5,8 +5,9 @@
 #   3. local Slurm cluster (3 nodes, booted through dev's custom actions): two-node smoke test +
 #      collective benchmark   (local_cluster/demo.sh)
 #   4. data pipeline: sample corpus -> tokenize job array -> validate -> loader speed   (jobs/data_pipeline/demo.sh)
-#   5. training: dev's two models side by side on their Slurm shares (preflight, QOS), model1 interrupted
-#      by the time-limit signal, requeued, resumed; loss curves; node-hours per model
+#   5. training: dev's two models side by side on their Slurm shares (preflight, QOS), each submitted by its
+#      own user through a Session Manager-like login; model1 interrupted by the time-limit signal, requeued,
+#      resumed; loss curves; node-hours per model
 #   6. alerts: a crash-looping and a stalled training job, told through Prometheus, Alertmanager and the
 #      webhook that stands in for SNS, and cleared when each recovers
 #   7. storage checks: FSx performance job and input-pipeline diagnosis
@@ -36,7 +37,7 @@ local_cluster/demo.sh --max-bytes 4M
 step "4/8 Data pipeline: tokenize job array on the cpu partition"
 DEMO_RUN=demo FSX_HOST="$FSX_HOST" bash jobs/data_pipeline/demo.sh
 
-step "5/8 Training: dev's model1 (2 nodes) and model2 (1 node) on their shares; interrupt, requeue, resume"
+step "5/8 Training: dev's model1 (2 nodes) and model2 (1 node), each submitted by its own user, on their shares; interrupt, requeue, resume"
 python -m local_cluster.training_demo --fsx "$FSX_HOST"
 # One view of every model of the environment: Slurm state, losses, checkpoint, backup, cost so far.
 python -m training.status --env dev --logs "$FSX_HOST/logs" --checkpoints "$FSX_HOST/checkpoints" \
