@@ -30,7 +30,11 @@ import torch.distributed as dist
 
 from .distributed import Dist
 
-PROBE_SIZE = {"cuda": 4096, "cpu": 256}  # square matmul; GPU in bf16 (~0.2 ms each on an H100), CPU in fp32
+# Square matmul; GPU in bf16 (~0.2 ms each on an H100), CPU in fp32 (~1 ms each at 384). On CPUs the workload
+# must outlast the scheduler's slices: at 256 (2.5 ms in all) a rank held to 10 % of a CPU by a CFS quota ran
+# its probe unthrottled in about half the intervals (3 ms, the quota enforced at the tick), and a preempted
+# healthy rank looked 300 % slow; at 384 (8 ms) the held rank took 42-90 ms in every one of 40 probes.
+PROBE_SIZE = {"cuda": 4096, "cpu": 384}
 PROBE_REPEATS = 8
 _PROBE_INPUT: dict[torch.device, torch.Tensor] = {}
 
