@@ -444,6 +444,26 @@ start_munged() {
 
 mysql() { mariadb --no-defaults --socket="$MYSQL_SOCKET" --user=root "$@"; }
 
+# The data folder is made in a folder beside it and renamed into place once complete, so a failed
+# install leaves nothing that the next `up` would take for a database (a half-made one made every later
+# install fail too). One more try after a failure, which is then shown whole: on a loaded build machine a
+# first install has failed once, and its log is the only evidence.
+install_mariadb_data() {
+  local attempt tmp="$MYSQL_DATA.installing"
+  for attempt in 1 2; do
+    rm -rf "$tmp" "$MYSQL_DATA"
+    if mariadb-install-db --no-defaults --user=root --datadir="$tmp" --auth-root-authentication-method=socket \
+      >"$LOGS/mariadb-install.log" 2>&1; then
+      mv "$tmp" "$MYSQL_DATA"
+      return 0
+    fi
+    log "mariadb-install-db failed (attempt $attempt of 2); its log ($LOGS/mariadb-install.log) ends:"
+    tail -n 30 "$LOGS/mariadb-install.log" | sed 's/^/  | /' >&2
+  done
+  rm -rf "$tmp"
+  die "mariadb-install-db failed twice; see $LOGS/mariadb-install.log"
+}
+
 # MariaDB for slurmdbd: its own data folder (kept across restarts), socket and pid file, TCP on
 # 127.0.0.1 only. The first start creates the data folder and the 'slurm' database user.
 start_mariadb() {
@@ -451,8 +471,7 @@ start_mariadb() {
   local first=0 i
   if [[ ! -d $MYSQL_DATA/mysql ]]; then
     first=1
-    mariadb-install-db --no-defaults --user=root --datadir="$MYSQL_DATA" --auth-root-authentication-method=socket \
-      >"$LOGS/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $LOGS/mariadb-install.log"
+    install_mariadb_data
   fi
   # slurmdbd's advice: a larger buffer pool and lock wait than the defaults.
   setsid mariadbd --no-defaults --user=root --datadir="$MYSQL_DATA" --socket="$MYSQL_SOCKET" \
