@@ -132,6 +132,16 @@ def login(typed: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+CLUSTER_USER = "ec2-user"  # the cluster's default user (cluster.sh's cfnconfig): data, validation, acceptance
+
+
+def as_user(user: str, typed: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``typed`` as ``user`` the way the runbook has it (``local_cluster/as_user.sh``: a login, ``sudo su -
+    <user>``, ``cd /opt/llm-jobs/bundle``); its exit status is what ``typed`` returned."""
+    return subprocess.run([str(REPO / "local_cluster/as_user.sh"), user, typed], capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def submitted(result: subprocess.CompletedProcess) -> str:
     """The id of the one job whose submission ``result`` printed."""
     found = re.findall(r"Submitted batch job (\d+)", result.stdout)

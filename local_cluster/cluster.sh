@@ -43,7 +43,7 @@
 # shared folders the node setup makes, prepares data and runs the acceptance run under account ops),
 # ssm-user (Session Manager's login, with sudo and no Slurm account), and one user per model, named as
 # the model, which the node setup makes and its training jobs run as; `login` starts a shell as one of
-# them. Jobs the tests submit themselves still run as root.
+# them. make demo's jobs are typed as them (local_cluster/as_user.sh); the drills' own jobs run as root.
 # Everything the cluster writes lives under .local_cluster/ in the repository root; beside it, `up`
 # creates the users (kept by `down`, as the packages are) and the empty mount points /fsx and
 # /opt/llm-jobs (removed by `down`).

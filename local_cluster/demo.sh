@@ -2,7 +2,7 @@
 # Demo of the local cluster: bring it up (`up` prints each node's custom actions: script, args, exit
 # status, seconds), run the two-node smoke test and the collective benchmark across both nodes, print
 # the results. Fails loudly if a job fails. The jobs are submitted as the runbook has it: by the cluster's
-# user, typed into a Session Manager-like login (`cluster.sh login`: ssm-user, then sudo su - ec2-user).
+# user, typed into a Session Manager-like login (local_cluster/as_user.sh: ssm-user, then sudo su - ec2-user).
 #   local_cluster/demo.sh [options for cluster_checks.collectives, e.g. --max-bytes 64M]
 set -euo pipefail
 
@@ -18,12 +18,7 @@ wait_job() { "$REPO/.venv/bin/python" -m local_cluster.client wait "$1" --timeou
 # COMMAND typed as ec2-user in /opt/llm-jobs/bundle; prints what it printed, which must be a job id.
 submit_as_cluster_user() {
   local id
-  echo "[ec2-user@head /opt/llm-jobs/bundle]\$ $1" >&2
-  id=$("$REPO/local_cluster/cluster.sh" login <<EOF
-sudo su - ec2-user
-cd /opt/llm-jobs/bundle && $1
-EOF
-  )
+  id=$("$REPO/local_cluster/as_user.sh" ec2-user "$1")
   [[ $id =~ ^[0-9]+$ ]] || { echo "error: '$1' as ec2-user printed '$id', not a job id" >&2; exit 1; }
   echo "$id"
 }

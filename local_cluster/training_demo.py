@@ -33,7 +33,8 @@ from training import plot
 from training.status import read_metrics
 
 from . import demo_data
-from .client import REPO, job_records, login, submitted, wait_for_job
+from . import client
+from .client import REPO, job_records, submitted, wait_for_job
 
 SHARE_LIMITS = ("QOSGrpJobsLimit", "QOSGrpNodeLimit", "QOSMaxJobsPerUserLimit")
 
@@ -46,14 +47,12 @@ def as_user(user: str, typed: str, check: bool = True) -> subprocess.CompletedPr
     """``typed`` in a login on the head node after ``sudo su - <user>`` and ``cd /opt/llm-jobs/bundle``;
     shows what was typed and what the shell printed."""
     print(f"[{user}@head /opt/llm-jobs/bundle]$ {typed}")
-    result = login(f"sudo su - {user}\ncd /opt/llm-jobs/bundle\n{typed}\necho \"exit $?\"\n")
-    lines = result.stdout.strip().splitlines()
-    status = int(lines.pop().removeprefix("exit ")) if lines and lines[-1].startswith("exit ") else result.returncode
-    for line in lines + result.stderr.strip().splitlines():
+    result = client.as_user(user, typed)
+    shown = result.stderr.strip().splitlines()[1:]  # after the prompt line as_user.sh prints
+    for line in result.stdout.strip().splitlines() + shown:
         print("  " + line)
-    if check and status != 0:
-        raise RuntimeError(f"{user}: {typed} failed (exit {status})")
-    result.returncode = status
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{user}: {typed} failed (exit {result.returncode})")
     return result
 
 
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         ok &= fields["JobState"] == "COMPLETED"
 
     print("\n-- usage per model, from the accounting database")
-    as_user("ec2-user", "bash jobs/usage.sh -t minutes")
+    as_user(client.CLUSTER_USER, "bash jobs/usage.sh -t minutes")
     return 0 if ok else 1
 
 

@@ -374,13 +374,20 @@ make_tree() {
   shift 3
   make_dir "$data/raw" wide
   make_dir "$data/tokenized" wide
-  # Output of the jobs that are not a model's training (jobs/*.sh write /fsx/logs/validation/%x_%j.out,
-  # acceptance.sh /fsx/logs/acceptance/, preprocess.sh and sync_dataset.sh data/): never the submission
-  # folder, which is root's. Slurm does not create an --output folder and fails the job without a log
-  # when it is missing.
-  for folder in validation acceptance data; do
+  # Output of the jobs that are not a model's training, which the cluster's user runs (jobs/*.sh write
+  # /fsx/logs/validation/%x_%j.out, acceptance.sh /fsx/logs/acceptance/, preprocess.sh and sync_dataset.sh
+  # data/, fsx_perf.sh and input_diagnosis.sh their reports, IOR built into tools/): never the submission
+  # folder, which is root's, nor the root of /fsx/logs. Slurm does not create an --output folder and fails
+  # the job without a log when it is missing; a report folder that cannot be made fails the job too.
+  for folder in validation acceptance data fsx_perf input_diagnosis tools; do
     make_dir "$logs/$folder" narrow
   done
+  # fsx_perf.sh's work files, <mount>/.fsx_perf/<job> (removed when it ends), on each file system, whose
+  # root is root's. Laid out as what the mount holds (datasets and checkpoints wide, logs narrow), so it
+  # measures what training meets. Sticky: any user's run, each removes only its own.
+  make_dir "$data/.fsx_perf" wide root root 1777
+  make_dir "$checkpoints/.fsx_perf" wide root root 1777
+  make_dir "$logs/.fsx_perf" narrow root root 1777
   # export.sh and backup.sh run as the model's user: any model writes its job's log, each removes only its own.
   for folder in export backups; do
     make_dir "$logs/$folder" narrow root root 1777

@@ -3,8 +3,6 @@
 import json
 import re
 import shutil
-import subprocess
-import sys
 import uuid
 
 import boto3
@@ -13,7 +11,7 @@ import pytest
 from data_pipeline.sample_data import make_sample
 from data_pipeline.upload import sha256_file
 from data_pipeline.validate import validate
-from local_cluster.client import controller_address
+from local_cluster.client import CLUSTER_USER, as_user, controller_address
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -83,15 +81,20 @@ def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(s
     shutil.rmtree(logs)
 
 
-def test_demo_script_runs_end_to_end(slurm_cluster):
+def test_demo_script_runs_end_to_end_as_the_cluster_user(slurm_cluster):
+    """make demo's step 4 as it types it: the cluster's user, in the bundle, writing only where that user may."""
     run = f"demo-test-{uuid.uuid4().hex[:8]}"
-    env = {**slurm_cluster.env, "FSX_HOST": str(slurm_cluster.fsx), "DEMO_RUN": run,
-           "PYTHON": sys.executable}
-    r = subprocess.run(["bash", "jobs/data_pipeline/demo.sh"], cwd=slurm_cluster.repo, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = as_user(CLUSTER_USER, f"CLUSTER_ENV=/dev/null DEMO_RUN={run} bash jobs/data_pipeline/demo.sh", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     validated = json.loads(r.stdout.split("== validate\n")[1].splitlines()[0])
     assert validated["ok"] and validated["shards"] >= 4
     assert json.loads(r.stdout.strip().splitlines()[-1])["tokens_per_s"] > 0
-    shutil.rmtree(slurm_cluster.fsx / "data" / run)
-    shutil.rmtree(slurm_cluster.fsx / "logs" / run)
+    made = [slurm_cluster.fsx / "data/raw" / run, slurm_cluster.fsx / "data/tokenized" / run / "dataset.json"]
+    assert {path.owner() for path in made} == {CLUSTER_USER}
+    array = re.search(r"/fsx/logs/data/preprocess_(\d+)_0.out", r.stdout).group(1)
+    logs = list((slurm_cluster.fsx / "logs/data").glob(f"preprocess_{array}_*.out"))
+    assert len(logs) == 4 and {log.owner() for log in logs} == {CLUSTER_USER}
+    for path in (slurm_cluster.fsx / "data/raw" / run, slurm_cluster.fsx / "data/tokenized" / run):
+        shutil.rmtree(path)
+    for log in logs:
+        log.unlink()

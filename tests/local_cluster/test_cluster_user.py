@@ -25,12 +25,11 @@ import pytest
 import yaml
 
 from local_cluster import demo_data
-from local_cluster.client import REPO, controller_address, login, submitted, wait_for_job
+from local_cluster.client import CLUSTER_USER, REPO, controller_address, login, submitted, wait_for_job
 from tests.s3_server import aws_config, s3_server
 
 pytestmark = pytest.mark.slurm
 
-CLUSTER_USER = "ec2-user"
 MODEL_USER = "model1"  # a model's jobs run as the user of its name (node_scripts/directory_setup.sh)
 JOBS_HOME = REPO / ".local_cluster/opt/llm-jobs"  # the head node's /opt/llm-jobs
 

@@ -87,8 +87,10 @@ def test_directory_setup_gives_each_model_its_user_and_folders_and_the_cluster_u
     assert proc.returncode == 0, proc.stderr
     entries = tree(proc)
     # find prints paths relative to each root; the roots are data, checkpoints, logs in that order.
-    for expected in ("raw", "tokenized", "validation", "acceptance", "data"):
+    for expected in ("raw", "tokenized", "validation", "acceptance", "data", "fsx_perf", "input_diagnosis", "tools"):
         assert entries[expected] == ("nobody", "2775"), (expected, entries)
+    # fsx_perf.sh's work folder on each mount (the three roots print the same relative name): any user's run
+    assert proc.stdout.count(".fsx_perf nobody") == 0 and proc.stdout.count(".fsx_perf root 1777") == 3, proc.stdout
     for model in ("model1", "model7"):  # the model's user writes them, every other user only reads
         for expected in (model, f"{model}/tensorboard"):
             assert entries[expected] == (model, "2755"), (expected, entries)
@@ -143,10 +145,14 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     assert f"setstripe -c 1 {node / 'logs' / 'validation'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'acceptance'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / 'node-health'}" in lines  # the health check's failure history
-    for jobs_logs in ("export", "data", "backups"):  # never the submission folder, which is root's
+    for jobs_logs in ("export", "data", "backups", "fsx_perf", "input_diagnosis", "tools"):  # never the submission folder, which is root's
         assert f"setstripe -c 1 {node / 'logs' / jobs_logs}" in lines
-    # data/{raw,tokenized}, 5 job log folders and node-health, model1 checkpoints + 2 log folders
-    assert len(lines) == 2 + 6 + 1 + 2
+    # fsx_perf.sh's work files laid out as what each mount holds
+    assert f"setstripe -c -1 -S 4M {node / 'data' / '.fsx_perf'}" in lines
+    assert f"setstripe -c -1 -S 4M {node / 'checkpoints' / '.fsx_perf'}" in lines
+    assert f"setstripe -c 1 {node / 'logs' / '.fsx_perf'}" in lines
+    # data/{raw,tokenized}, 8 job log folders and node-health, 3 work folders, model1 checkpoints + 2 log folders
+    assert len(lines) == 2 + 9 + 3 + 1 + 2
 
 
 @needs_mount_namespace
