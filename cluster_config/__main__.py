@@ -21,6 +21,9 @@
   teardown-check --env prod [--endpoint-url URL]
                            before cdk destroy (make destroy runs it): the ParallelCluster cluster must be
                            deleted and the accounting database unprotected; each problem with its command
+  dashboard --env prod [--endpoint-url URL]
+                           after cdk deploy with alerts.grafana: the Prometheus data source and the repository's
+                           dashboard into the environment's Amazon Managed Grafana workspace (docs/monitoring.md)
   update-check --env prod --from OLD.yaml
                            would ParallelCluster accept going from OLD.yaml's settings to the current ones
                            on the running cluster? (e.g. OLD.yaml from `git show HEAD:cluster_config/prod.yaml`)
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                                                           "unprotected)")
     teardown.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     teardown.add_argument("--endpoint-url", help="another AWS API endpoint (the tests' emulated account)")
+    dashboard = commands.add_parser("dashboard", help="put the dashboard into the environment's Grafana workspace")
+    dashboard.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    dashboard.add_argument("--endpoint-url", help="another AWS API endpoint (the tests' emulated account)")
     jobs = commands.add_parser("jobs", help="write each model's job script and training config, and the cluster file")
     jobs.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     jobs.add_argument("--out", required=True, type=Path, help="the jobs folder to write into, e.g. jobs")
@@ -116,13 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "fsx-expected":
             print(fsx_expectations(load_settings(args.env)))
         elif args.command == "deploy-check":
-            from cluster_config import deploy_check  # boto3: only these two commands talk to AWS
+            from cluster_config import deploy_check  # boto3: only these commands talk to AWS
 
             return deploy_check.main(load_settings(args.env), args.endpoint_url)
         elif args.command == "teardown-check":
             from cluster_config import teardown  # boto3: only this command talks to AWS
 
             return teardown.main(load_settings(args.env), args.endpoint_url)
+        elif args.command == "dashboard":
+            from cluster_config import dashboard  # boto3 and Grafana's HTTP API
+
+            return dashboard.main(load_settings(args.env), args.endpoint_url)
         elif args.command == "update-check":
             return _update_check(args.env, Path(args.base))
         else:

@@ -75,3 +75,12 @@ def check_offered(region: str, instance_types: dict[str, str]) -> list[str]:
             hint = f"; offered there: {', '.join(offered)}" if offered else ""
             problems.append(f"{key}: {instance_type} is not offered in {region}{hint}")
     return problems
+
+
+# Commercial regions where CloudFormation has AWS::Grafana::Workspace (Amazon Managed Grafana), from the
+# region schemas of the pinned cfn-lint (requirements.txt; tests/test_settings.py
+# compares the two, so an upgrade that adds a region shows here).
+GRAFANA_REGIONS = frozenset({
+    "ap-northeast-1", "ap-northeast-2", "ap-southeast-1", "ap-southeast-2", "eu-central-1", "eu-west-1",
+    "eu-west-2", "us-east-1", "us-east-2", "us-west-2",
+})

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from training.config import IDENTITY_KEYS, overridden  # torch-free, from jobs/ (cluster_config/__init__.py)
 
-from cluster_config.offerings import GPUS_PER_INSTANCE, check_offered
+from cluster_config.offerings import GPUS_PER_INSTANCE, GRAFANA_REGIONS, check_offered
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -644,6 +644,10 @@ class AlertsSettings(_Strict):
     email: list[str] = Field(default_factory=list)
     # TrainingStalled fires after max(this, 5 x the model's median step time) without a step.
     stall_floor_s: int = Field(600, gt=0, le=86400)
+    # An Amazon Managed Grafana workspace over the Prometheus workspace, which people reach in a browser
+    # (`python -m cluster_config dashboard --env <name>` puts the repository's dashboard in it). Off by
+    # default: it signs people in through IAM Identity Center, which must be enabled first.
+    grafana: bool = False
 
     @field_validator("email")
     @classmethod
@@ -749,6 +753,11 @@ class Settings(_Strict):
         if offered:
             # One line per key; the region's offerings ship in cluster_config/instance_offerings.json.
             raise ValueError("\n  ".join(offered))
+        if self.alerts.grafana and self.region not in GRAFANA_REGIONS:
+            raise ValueError(
+                f"alerts.grafana: Amazon Managed Grafana is not offered in {self.region} (it is in "
+                f"{', '.join(sorted(GRAFANA_REGIONS))}); set it to false and use a Grafana of your own with SigV4 to "
+                "the Prometheus workspace, or python -m training.status (docs/monitoring.md)")
         planned, spares = sum(model.nodes for model in self.models), self.gpu_queue.spare_nodes
         if planned + spares > self.gpu_queue.max_count:
             kept = f" and gpu_queue.spare_nodes keeps {spares} out of every share" if spares else ""

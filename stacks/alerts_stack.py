@@ -9,7 +9,10 @@
   naming the model or node, the rule's summary and the first command to run (docs/monitoring.md);
 - the head node gets a managed policy: remote write into this workspace, EC2 discovery of the compute
   nodes; the cluster stack attaches it and ships the agent's settings (cluster_config/monitoring.py);
-- the workspace logs alert manager and ruler errors (a refused publish, a rule that fails) to CloudWatch.
+- the workspace logs alert manager and ruler errors (a refused publish, a rule that fails) to CloudWatch;
+- with ``alerts.grafana``, an Amazon Managed Grafana workspace that people reach in a browser (IAM Identity
+  Center sign-in), whose role may only query this Prometheus workspace; ``python -m cluster_config
+  dashboard`` adds the data source and the repository's dashboard (cluster_config/dashboard.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any, Mapping
 
 import aws_cdk as cdk
 import yaml
-from aws_cdk import aws_aps as aps, aws_iam as iam, aws_kms as kms, aws_logs as logs, aws_sns as sns
+from aws_cdk import aws_aps as aps, aws_grafana as grafana, aws_iam as iam, aws_kms as kms, aws_logs as logs
+from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
@@ -28,6 +32,11 @@ from cluster_config.settings import Settings
 from stacks import nag
 
 APS_PRINCIPAL = "aps.amazonaws.com"
+GRAFANA_PRINCIPAL = "grafana.amazonaws.com"
+GRAFANA_VERSION = "10.4"
+# What a Grafana data source needs to read a Prometheus workspace (AmazonPrometheusQueryAccess's actions,
+# here on this workspace only).
+PROMETHEUS_QUERY_ACTIONS = ["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels", "aps:GetMetricMetadata"]
 # One e-mail per alert, model and node; the same problem again every 4 hours while it lasts.
 GROUP_BY = ("alertname", "model", "node")
 GROUP_WAIT = "30s"
@@ -137,9 +146,35 @@ class AlertsStack(cdk.Stack):
         )
         nag.acknowledge_monitoring_policy(self.head_node_policy)
 
+        self.grafana = self._grafana_workspace(name) if settings.alerts.grafana else None
+
         cdk.CfnOutput(self, "AlertTopicArn", value=self.topic.topic_arn, description="Alerts are published here")
         cdk.CfnOutput(self, "WorkspaceId", value=self.workspace.attr_workspace_id)
         cdk.CfnOutput(self, "RemoteWriteUrl", value=self.remote_write_url)
+
+
+    def _grafana_workspace(self, name: str) -> grafana.CfnWorkspace:
+        """A Grafana in the browser, signed in through IAM Identity Center; it reads this Prometheus workspace only."""
+        role = iam.Role(
+            self, "GrafanaRole", description=f"Amazon Managed Grafana of {name} reads its Prometheus workspace",
+            # The service's own confused-deputy guard (Amazon Managed Grafana user guide, "Amazon Managed Grafana
+            # permissions and policies for AWS data sources"): this account's workspaces only.
+            assumed_by=iam.ServicePrincipal(GRAFANA_PRINCIPAL, conditions={
+                "StringEquals": {"aws:SourceAccount": self.account},
+                "StringLike": {"aws:SourceArn": f"arn:{cdk.Aws.PARTITION}:grafana:{self.region}:{self.account}:/workspaces/*"},
+            }),
+        )
+        role.add_to_policy(iam.PolicyStatement(actions=PROMETHEUS_QUERY_ACTIONS, resources=[self.workspace.attr_arn]))
+        workspace = grafana.CfnWorkspace(
+            self, "Grafana", name=name, description=f"Dashboards of {name} (docs/monitoring.md)",
+            account_access_type="CURRENT_ACCOUNT", authentication_providers=["AWS_SSO"],
+            permission_type="CUSTOMER_MANAGED", role_arn=role.role_arn, data_sources=["PROMETHEUS"],
+            grafana_version=GRAFANA_VERSION,
+        )
+        cdk.CfnOutput(self, "GrafanaUrl", value=f"https://{workspace.attr_endpoint}",
+                      description="Grafana (IAM Identity Center sign-in); python -m cluster_config dashboard adds the dashboard")
+        cdk.CfnOutput(self, "GrafanaWorkspaceId", value=workspace.attr_id)
+        return workspace
 
 
 def alert_manager_definition(*, topic_arn: str, region: str, cluster: str) -> str:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_config.offerings import GRAFANA_REGIONS
 from cluster_config.settings import SettingsError, available_environments, load_settings
 from tests.settings_files import write_env
 
@@ -91,6 +92,23 @@ def test_region_without_offerings_data_says_how_to_refresh(tmp_path):
     message = rejection(tmp_path, region="xx-north-9", availability_zone="xx-north-9a")
     assert "no instance offerings data for 'xx-north-9'" in message
     assert "scripts/refresh_instance_offerings.py" in message
+
+
+def test_grafana_in_a_region_without_amazon_managed_grafana_is_refused_naming_the_field(tmp_path):
+    # Found by synthesizing prod with it on: CloudFormation has no AWS::Grafana::Workspace in ap-southeast-3.
+    message = rejection(tmp_path, alerts__grafana=True)
+    assert "alerts.grafana: Amazon Managed Grafana is not offered in ap-southeast-3" in message
+    assert "set it to false" in message
+
+
+def test_grafana_regions_are_those_where_cloudformation_has_the_workspace():
+    import cfnlint  # the pinned cfn-lint's region schemas (requirements.txt)
+
+    providers = Path(cfnlint.__file__).parent / "data/schemas/providers"
+    commercial = [p for p in providers.glob("*-*-[0-9].json") if not p.stem.startswith(("us-iso", "eu-iso", "cn-", "us-gov", "eusc-"))]
+    assert len(commercial) > 20
+    with_grafana = {p.stem for p in commercial if '"AWS::Grafana::Workspace"' in p.read_text()}
+    assert with_grafana == GRAFANA_REGIONS
 
 
 CR_A, CR_B, CR_C = "cr-0a1b2c3d4e5f60718", "cr-0a1b2c3d4e5f60729", "cr-0123456789abcdef0"

@@ -16,6 +16,7 @@ from cluster_config.monitoring import RULES_DIR, RuleFilesError, load_rule_files
 from cluster_config.settings import load_settings
 from stacks.alerts_stack import AlertsStack
 from stacks.app import build_app
+from tests.settings_files import write_env
 
 TOPIC_ARN = "arn:aws:sns:ap-southeast-3:222222222222:llm-prod-alerts"  # stands in for the topic's Ref
 TWO_RULES = {"a": "groups:\n  - name: a\n    rules: []\n", "b": "groups:\n  - name: b\n    rules: []\n"}
@@ -251,3 +252,50 @@ def test_the_prod_templates_carry_the_topic_and_the_rule_delivery_path(prod):
     prod.templates["alerts"].has_resource_properties("AWS::APS::Workspace", {
         "Alias": "llm-prod", "AlertManagerDefinition": Match.any_value(),
         "LoggingConfiguration": {"LogGroupArn": Match.any_value()}})
+
+
+def grafana_template(on: bool) -> Template:
+    settings = load_settings("dev")  # a region with Amazon Managed Grafana (prod's has none: tests/test_settings.py)
+    settings = settings.model_copy(update={"alerts": settings.alerts.model_copy(update={"grafana": on})})
+    stack = AlertsStack(cdk.App(), "alerts", settings=settings, rule_files=TWO_RULES,
+                        env=cdk.Environment(account=settings.account, region=settings.region))
+    return Template.from_stack(stack)
+
+
+def test_no_grafana_unless_asked():
+    template = grafana_template(False)
+    template.resource_count_is("AWS::Grafana::Workspace", 0)
+    assert "GrafanaUrl" not in template.to_json().get("Outputs", {})
+
+
+def test_grafana_signs_in_through_identity_center_and_its_role_only_queries_this_prometheus_workspace():
+    template = grafana_template(True)
+    _, workspace = only(template, "AWS::Grafana::Workspace")
+    amp_id, _ = only(template, "AWS::APS::Workspace")
+    props = workspace["Properties"]
+    assert (props["AccountAccessType"], props["AuthenticationProviders"], props["PermissionType"],
+            props["DataSources"]) == ("CURRENT_ACCOUNT", ["AWS_SSO"], "CUSTOMER_MANAGED", ["PROMETHEUS"])
+    role_id = props["RoleArn"]["Fn::GetAtt"][0]
+    role = template.to_json()["Resources"][role_id]
+    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "grafana.amazonaws.com"}
+    assert trust["Condition"]["StringEquals"] == {"aws:SourceAccount": "111111111111"}  # dev's account
+    assert trust["Condition"]["StringLike"]["aws:SourceArn"]["Fn::Join"][1][-1] == \
+        ":grafana:us-east-1:111111111111:/workspaces/*"
+    policies = [p for p in template.find_resources("AWS::IAM::Policy").values()
+                if p["Properties"]["Roles"] == [{"Ref": role_id}]]
+    (policy,) = policies
+    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert sorted(statement["Action"]) == sorted(["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels", "aps:GetMetricMetadata"])
+    assert statement["Resource"] == {"Fn::GetAtt": [amp_id, "Arn"]}
+    outputs = template.to_json()["Outputs"]
+    assert {"GrafanaUrl", "GrafanaWorkspaceId"} <= set(outputs)
+
+
+def test_an_environment_with_grafana_synthesizes_through_cdk_nag_and_cloudformations_region_check(tmp_path):
+    write_env(tmp_path / "config", "dev", alerts__grafana=True)  # us-east-1 has Amazon Managed Grafana
+    cdk_app = build_app("dev", config_dir=tmp_path / "config", outdir=str(tmp_path / "out"))
+    cdk_app.app.synth()  # raises on any unacknowledged cdk-nag finding
+    report = json.loads((tmp_path / "out" / "validation-report.json").read_text())
+    assert all(plugin["violations"] == [] for plugin in report["pluginReports"])
+    assert Template.from_stack(cdk_app.stacks["alerts"]).find_resources("AWS::Grafana::Workspace")
