@@ -32,7 +32,7 @@ import yaml
 from cli import ArgumentParser
 
 from . import client, demo_data
-from .client import REPO, LocalCluster
+from .client import REPO, LocalCluster, give_to, hostnames
 from .training_job import worker_pids
 
 BASE = REPO / ".local_cluster"
@@ -142,7 +142,7 @@ class ModelJob:
 
     def submit(self, *overrides: str, **env: str) -> str:
         self.id = self.cluster.sbatch(f"jobs/train_{self.model}.sh", "log.interval=1", *overrides,
-                                      env={"OMP_NUM_THREADS": "1", **env},
+                                      env={"OMP_NUM_THREADS": "1", **env}, user=self.model,  # as on the cluster
                                       options=["--gpus-per-node=0", f"--nodelist={MODEL_NODES[self.model]}"])
         self.submitted.append(self.id)
         return self.id
@@ -259,12 +259,6 @@ class Throttle:
             self._stop.wait(self.duty)
 
 
-def node_names(nodes: str) -> list[str]:
-    """Slurm's node list (node[1-2]) as names."""
-    return subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
-                          check=True).stdout.split()
-
-
 def in_node(node: str, script: str) -> None:
     """Run a shell ``script`` in ``node``'s mount namespace, where its slurmd and jobs see /fsx."""
     pid = (BASE / f"run/slurmd-{node}.pid").read_text().strip()
@@ -274,14 +268,14 @@ def in_node(node: str, script: str) -> None:
 def fill_checkpoints(model: str) -> None:
     """The model's checkpoint folder full, as its nodes see it: a 1 MiB tmpfs over it, filled."""
     folder = f"/fsx/checkpoints/{model}"
-    for node in node_names(MODEL_NODES[model]):
+    for node in hostnames(MODEL_NODES[model]):
         in_node(node, f"mount -t tmpfs -o size=1m alert-drill {folder} && "
                       f"(head -c 2097152 /dev/zero > {folder}/fill 2>/dev/null; true)")
 
 
 def free_checkpoints(model: str) -> None:
     folder = f"/fsx/checkpoints/{model}"
-    for node in node_names(MODEL_NODES[model]):
+    for node in hostnames(MODEL_NODES[model]):
         in_node(node, f"while mountpoint -q {folder}; do umount -l {folder}; done")
 
 
@@ -299,7 +293,7 @@ def move_model_aside(model: str, saved: Path) -> None:
     for source in (FSX / f"logs/{model}/metrics.jsonl", FSX / f"checkpoints/{model}"):
         if source.exists():
             source.rename(saved / source.name)
-    (FSX / f"logs/{model}").mkdir(parents=True, exist_ok=True)  # Slurm does not create --output's folder
+    make_model_folders(model)
 
 
 def restore_model(model: str, saved: Path) -> None:
@@ -308,6 +302,17 @@ def restore_model(model: str, saved: Path) -> None:
     for name, target in (("metrics.jsonl", FSX / f"logs/{model}/metrics.jsonl"), (model, FSX / f"checkpoints/{model}")):
         if (saved / name).exists():
             (saved / name).rename(target)
+    make_model_folders(model)
+
+
+def make_model_folders(model: str) -> None:
+    """The model's folders as the node setup makes them (its user's, 2755), where missing: its job cannot make
+    them in the file systems' roots, and Slurm does not create --output's folder."""
+    for folder in (FSX / f"checkpoints/{model}", FSX / f"logs/{model}"):
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            give_to(model, folder)
+            folder.chmod(0o2755)
 
 
 # --- the demo ----------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ Job state comes from ``scontrol show job``, which keeps finished jobs for MinJob
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -98,9 +99,10 @@ class LocalCluster:
                                f"{result.stdout}{result.stderr}")
 
     def sbatch(self, script: str | Path, *args: str, env: Mapping[str, str] | None = None,
-               options: Sequence[str] = ()) -> str:
-        """Submit ``script`` (relative to the repo root, or absolute) from the repo root; return the job id."""
-        cmd = ["sbatch", "--parsable", *options, str(script), *args]
+               options: Sequence[str] = (), user: str | None = None) -> str:
+        """Submit ``script`` (relative to the repo root, or absolute) from the repo root, as ``user`` if given
+        (else root); return the job id."""
+        cmd = [*(["runuser", "-u", user, "--"] if user else []), "sbatch", "--parsable", *options, str(script), *args]
         result = subprocess.run(cmd, cwd=self.repo, env={**self.env, **(env or {})},
                                 capture_output=True, text=True, timeout=60)
         if result.returncode != 0:
@@ -115,6 +117,12 @@ class LocalCluster:
 
 
 # --- the one "wait for a Slurm job" helper: tests, the demos (also from shell: main below) -------
+
+def hostnames(nodelist: str) -> list[str]:
+    """A Slurm node list expanded (node[1-2] -> node1 node2), in Slurm's order."""
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.split()
+
 
 def controller_address() -> str:
     """The controller's address on the cluster bridge, which every node reaches (a test's S3 server listens there)."""
@@ -133,6 +141,17 @@ def login(typed: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 CLUSTER_USER = "ec2-user"  # the cluster's default user (cluster.sh's cfnconfig): data, validation, acceptance
+
+
+def give_to(user: str, *paths: Path) -> None:
+    """Hand ``paths``, and everything in those that are folders, to ``user`` (and its group), as the node setup
+    makes a user's folders: what the tests make as root for a job that runs as that user."""
+    entry = pwd.getpwnam(user)
+    for top in paths:
+        for folder, _, files in os.walk(top):
+            for path in [folder, *(os.path.join(folder, name) for name in files)]:
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        os.chown(top, entry.pw_uid, entry.pw_gid)
 
 
 def as_user(user: str, typed: str, timeout: float = 300) -> subprocess.CompletedProcess:

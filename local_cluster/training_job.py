@@ -8,6 +8,8 @@
 Each job gets its own checkpoint and log folders under /fsx/tests/recovery/<name>-<id>/ (FSX_CHECKPOINTS
 and FSX_LOGS), so jobs never share a ``latest``; Slurm's own output goes to /fsx/logs/<model>/ as in
 production (dev's model1 by default; ``TrainingJob(cluster, name, model="model2")`` for its 1-node share).
+The job is submitted and runs as the model's own user, as on the cluster (docs/cluster.md, "Seven models,
+seven users"), who owns its folders; the faults are root's, as a failing node's or an operator's are.
 The nodes share the host's /proc, so the workers are found (and signalled) from here.
 """
 
@@ -20,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from local_cluster.client import LocalCluster, slurm_cluster_name, slurm_conf_env
+from local_cluster.client import LocalCluster, give_to, hostnames, slurm_cluster_name, slurm_conf_env
 from training.status import read_metrics
 
 TINY = ("--config", "jobs/training/configs/tiny.yaml")
@@ -36,11 +38,19 @@ class TrainingJob:
         self.id = ""
 
     def submit(self, *overrides: str, options: tuple[str, ...] = (), **extra_env: str) -> "TrainingJob":
-        (self.cluster.fsx / f"logs/{self.model}").mkdir(parents=True, exist_ok=True)  # Slurm does not create it
+        # The model's folders as the node setup makes them, its user's: Slurm's output folder (Slurm does not
+        # create it) and this job's own, with what a test or the head node put there first (a copy of jobs/,
+        # the capacity-end action's log folder).
+        output = self.cluster.fsx / f"logs/{self.model}"
+        if not output.exists():
+            output.mkdir(parents=True)
+            give_to(self.model, output)
+        self.host_root.mkdir(parents=True, exist_ok=True)
+        give_to(self.model, self.host_root)
         env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
                "OMP_NUM_THREADS": "1", **extra_env}
         self.id = self.cluster.sbatch(f"jobs/train_{self.model}.sh", *TINY, *overrides, env=env,
-                                      options=[*OPTIONS, *options])
+                                      options=[*OPTIONS, *options], user=self.model)
         return self
 
     def wait(self, timeout: float = 600) -> tuple[str, int]:
@@ -96,8 +106,7 @@ class TrainingJob:
     def nodes(self) -> list[str]:
         """The nodes the job runs on now (expanded from NodeList)."""
         nodelist = self.record().get("NodeList", "")
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
-        return out.stdout.split()
+        return hostnames(nodelist) if nodelist and nodelist != "(null)" else []
 
     def kill_worker(self, sig: int, node: str | None = None) -> int:
         """Send ``sig`` to one training worker (on ``node`` if given); its pid."""

@@ -47,7 +47,7 @@ def _summary(records: list[dict], setup: str) -> dict:
 
 def _on_slurm(steps: int) -> dict | None:
     sys.path.insert(0, str(REPO))
-    from local_cluster.client import LocalCluster, unsupported_reason
+    from local_cluster.client import LocalCluster, give_to, unsupported_reason
 
     if unsupported_reason():
         return None
@@ -57,12 +57,14 @@ def _on_slurm(steps: int) -> dict | None:
     from local_cluster import demo_data
 
     demo_data.build(cluster.fsx / "data/tokenized/sample")
-    (cluster.fsx / "logs/model1").mkdir(parents=True, exist_ok=True)
     root = f"benchmarks/training-{uuid.uuid4().hex[:8]}"
+    (cluster.fsx / root).mkdir(parents=True)  # model1's, as the node setup makes its folders: its job runs as model1
+    give_to("model1", cluster.fsx / root)
     # The two local "nodes" share this machine's cores: one thread per worker, as torchrun sets
     # on the host fallback, instead of each node's worker using every core.
     env = {"FSX_CHECKPOINTS": f"/fsx/{root}/checkpoints", "FSX_LOGS": f"/fsx/{root}/logs", "OMP_NUM_THREADS": "1"}
-    job = cluster.sbatch("jobs/train_model1.sh", *overrides(steps), env=env, options=["--nodes=2", "--gpus-per-node=0"])
+    job = cluster.sbatch("jobs/train_model1.sh", *overrides(steps), env=env, options=["--nodes=2", "--gpus-per-node=0"],
+                         user="model1")
     try:
         state, code = cluster.wait(job, timeout=900)
         if (state, code) != ("COMPLETED", 0):

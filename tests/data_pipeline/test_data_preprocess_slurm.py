@@ -11,7 +11,7 @@ import pytest
 from data_pipeline.sample_data import make_sample
 from data_pipeline.upload import sha256_file
 from data_pipeline.validate import validate
-from local_cluster.client import CLUSTER_USER, as_user, controller_address
+from local_cluster.client import CLUSTER_USER, as_user, controller_address, give_to
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -34,6 +34,7 @@ def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(s
     files, _ = make_sample(host, num_files=4, total_bytes=120_000)
     logs = slurm_cluster.fsx / "logs" / run
     logs.mkdir(parents=True)
+    give_to(CLUSTER_USER, host, logs)  # the cluster's user prepares data (docs/data_pipeline.md)
     env = {"RAW_DIR": f"/fsx/data/{run}/raw", "DATASET_DIR": f"/fsx/data/{run}/tokenized",
            "TOKENIZER": f"/fsx/data/{run}/tokenizer", "SEQ_LEN": "64",
            "PREPROCESS_ARGS": "--shard-mb 0.01 --member-kb 1 --batch-mb 0.004 --log-every 0",
@@ -41,7 +42,7 @@ def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(s
            "SBATCH_OUTPUT": f"/fsx/logs/{run}/%x_%j.out", **s3_env}
     options = ["--array=0-3", "--cpus-per-task=1", f"--output=/fsx/logs/{run}/%x_%A_%a.out"]
 
-    job = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options)
+    job = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options, user=CLUSTER_USER)
     state, code = slurm_cluster.wait(job, timeout=300)
     outputs = sorted(logs.glob("preprocess_*.out"))
     text = "\n".join(p.read_text() for p in outputs)
@@ -68,7 +69,7 @@ def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(s
     assert manifest["files"] == {rel: {"size": p.stat().st_size, "sha256": sha256_file(p)} for rel, p in local.items()}
     assert '"ok": true' in (logs / f"sync-dataset_{sync_job}.out").read_text()
 
-    rerun = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options)
+    rerun = slurm_cluster.sbatch("jobs/preprocess.sh", env=env, options=options, user=CLUSTER_USER)
     assert slurm_cluster.wait(rerun, timeout=300) == ("COMPLETED", 0)
     rerun_logs = [p.read_text() for p in logs.glob(f"preprocess_{rerun}_*.out")]
     assert len(rerun_logs) == 4 and all("already done" in t for t in rerun_logs)

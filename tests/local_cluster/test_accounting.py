@@ -17,6 +17,7 @@ import pytest
 
 from cluster_config.render import models_file
 from cluster_config.settings import load_settings
+from local_cluster.client import CLUSTER_USER
 
 pytestmark = pytest.mark.slurm
 
@@ -30,7 +31,7 @@ def run(*cmd: str) -> str:
 
 
 def submit(cluster, model: str, nodes: int, seconds: int) -> str:
-    return cluster.sbatch("--wrap", f"sleep {seconds}", options=[
+    return cluster.sbatch("--wrap", f"sleep {seconds}", user=model, options=[
         f"--account={model}", f"--qos={model}", f"--nodes={nodes}", "--exclusive",
         f"--job-name={model}-sleep", "--output=/dev/null"])
 
@@ -212,13 +213,14 @@ def test_a_model_cannot_borrow_another_models_qos(slurm_cluster):
 
 
 def test_jobs_without_an_account_run_under_ops(slurm_cluster):
-    job = slurm_cluster.sbatch("--wrap", "true", options=["--output=/dev/null"])
+    job = slurm_cluster.sbatch("--wrap", "true", options=["--output=/dev/null"], user=CLUSTER_USER)
     assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)
     assert slurm_cluster.jobs(job)[0]["Account"] == "ops"
 
 
 def test_accounting_survives_a_cluster_restart(slurm_cluster):
-    job = slurm_cluster.sbatch("--wrap", "true", options=["--account=model2", "--qos=model2", "--output=/dev/null"])
+    job = slurm_cluster.sbatch("--wrap", "true", options=["--account=model2", "--qos=model2", "--output=/dev/null"],
+                               user="model2")
     assert slurm_cluster.wait(job, timeout=60) == ("COMPLETED", 0)
     slurm_cluster.down()
     slurm_cluster.up()

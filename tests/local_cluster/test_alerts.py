@@ -241,7 +241,12 @@ def diverged(job: ModelJob) -> list[Timing]:
 
     def fix():
         job.cancel()
-        shutil.rmtree(FSX / "checkpoints/model2")  # every checkpoint since the fault holds NaN weights
+        # Every checkpoint since the fault holds NaN weights: the operator removes them; the folder (model2's) stays.
+        for entry in (FSX / "checkpoints/model2").iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         job.submit("train.steps=3000")
     drill = Drill("model2 resumed with optim.lr=1000 and no warm-up: NaN within a few steps",
                   "cancelled, its checkpoints removed, submitted again with its own learning rate",

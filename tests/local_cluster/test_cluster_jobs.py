@@ -1,23 +1,32 @@
-"""Jobs on the local two-node cluster: placement, arrays, requeue, and the validation payloads."""
+"""Jobs on the local two-node cluster: placement, arrays, requeue, and the validation payloads, each submitted
+by the cluster's user (ec2-user), as on ParallelCluster."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from cluster_checks.results import COLLECTIVES, bus_factor
+from local_cluster.client import CLUSTER_USER, give_to, hostnames
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster]
 
 
-def hostnames(nodelist: str) -> list[str]:
-    """A Slurm node list expanded (node[1-2] -> node1 node2), sorted."""
-    return sorted(subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout.split())
+@pytest.fixture
+def folder(slurm_cluster):
+    """A folder of the cluster's user that the nodes and this process see at the same path (pytest's
+    temporary folders are root's alone)."""
+    folder = slurm_cluster.fsx / "tests/cluster_jobs" / uuid.uuid4().hex[:8]
+    folder.mkdir(parents=True)
+    give_to(CLUSTER_USER, folder)
+    yield folder
+    shutil.rmtree(folder)
 
 
 def write_script(path: Path, body: str) -> Path:
@@ -26,7 +35,7 @@ def write_script(path: Path, body: str) -> Path:
 
 
 def test_two_node_smoke_test_lands_one_task_per_node(slurm_cluster):
-    job = slurm_cluster.sbatch("jobs/test_2nodes.sh")
+    job = slurm_cluster.sbatch("jobs/test_2nodes.sh", user=CLUSTER_USER)  # as make demo submits it
     assert slurm_cluster.wait(job, timeout=90) == ("COMPLETED", 0)
     log = (slurm_cluster.fsx / "logs" / "validation" / f"test-2nodes_{job}.out").read_text()
     hosts = sorted(line.split()[-1] for line in log.splitlines() if line.startswith("task "))
@@ -36,32 +45,32 @@ def test_two_node_smoke_test_lands_one_task_per_node(slurm_cluster):
     assert "OK: 2 distinct hosts" in log
 
 
-def test_job_array_runs_every_index(slurm_cluster, tmp_path):
-    script = write_script(tmp_path / "array.sh", 'echo "$SLURM_ARRAY_TASK_ID $(hostname)" > "$1/task_$SLURM_ARRAY_TASK_ID"\n')
-    job = slurm_cluster.sbatch(script, str(tmp_path),
-                               options=["--array=0-3", "--job-name=array", f"--output={tmp_path}/%x_%A_%a.out"])
+def test_job_array_runs_every_index(slurm_cluster, folder):
+    script = write_script(folder / "array.sh", 'echo "$SLURM_ARRAY_TASK_ID $(hostname)" > "$1/task_$SLURM_ARRAY_TASK_ID"\n')
+    job = slurm_cluster.sbatch(script, str(folder), user=CLUSTER_USER,
+                               options=["--array=0-3", "--job-name=array", f"--output={folder}/%x_%A_%a.out"])
     assert slurm_cluster.wait(job, timeout=90) == ("COMPLETED", 0)
-    indices = sorted(int(p.read_text().split()[0]) for p in tmp_path.glob("task_*"))
+    indices = sorted(int(p.read_text().split()[0]) for p in folder.glob("task_*"))
     assert indices == [0, 1, 2, 3]
-    assert len(list(tmp_path.glob(f"array_{job}_*.out"))) == 4
+    assert len(list(folder.glob(f"array_{job}_*.out"))) == 4
     ran_on = {host for record in slurm_cluster.jobs(job) for host in hostnames(record["NodeList"])}
-    assert {p.read_text().split()[1] for p in tmp_path.glob("task_*")} <= ran_on
+    assert {p.read_text().split()[1] for p in folder.glob("task_*")} <= ran_on
 
 
-def test_requeue_reruns_the_job_with_incremented_restart_count(slurm_cluster, tmp_path):
-    # The first run waits to be requeued; the second finishes at once.
-    script = write_script(tmp_path / "requeue.sh", """
+def test_requeue_reruns_the_job_with_incremented_restart_count(slurm_cluster, folder):
+    # The first run waits to be requeued (by the operator, root); the second finishes at once.
+    script = write_script(folder / "requeue.sh", """
 echo "run restart_count=${SLURM_RESTART_COUNT:-0}"
 if [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then
   touch "$1/first_run_started"
   sleep 120
 fi
 """)
-    out = tmp_path / "requeue.out"
-    job = slurm_cluster.sbatch(script, str(tmp_path),
+    out = folder / "requeue.out"
+    job = slurm_cluster.sbatch(script, str(folder), user=CLUSTER_USER,
                                options=["--requeue", "--open-mode=append", f"--output={out}"])
     deadline = time.monotonic() + 60
-    while not (tmp_path / "first_run_started").exists():
+    while not (folder / "first_run_started").exists():
         assert time.monotonic() < deadline, "first run never started"
         time.sleep(0.5)
     subprocess.run(["scontrol", "requeue", job], check=True)
@@ -71,10 +80,9 @@ fi
     assert slurm_cluster.jobs(job)[0]["Restarts"] == "1"
 
 
-def test_collective_benchmark_across_both_nodes(slurm_cluster, tmp_path):
-    out_dir = tmp_path / "collectives"
-    job = slurm_cluster.sbatch("jobs/collectives.sh", "--max-bytes", "64K", "--iters", "3",
-                               env={"COLLECTIVES_OUT_DIR": str(out_dir)})
+def test_collective_benchmark_across_both_nodes(slurm_cluster):
+    job = slurm_cluster.sbatch("jobs/collectives.sh", "--max-bytes", "64K", "--iters", "3", user=CLUSTER_USER)
+    out_dir = slurm_cluster.fsx / "logs/validation" / f"collectives_{job}"  # its default, the cluster user's
     state = slurm_cluster.wait(job, timeout=180)
     log = (slurm_cluster.fsx / "logs" / "validation" / f"collectives_{job}.out").read_text()
     assert state == ("COMPLETED", 0), log[-3000:]

@@ -16,6 +16,7 @@ import pytest
 from cluster_config.render import ClusterResources, render_cluster_config
 from cluster_config.settings import load_settings
 from local_cluster.boot_plan import stack_excludes, write_plan
+from local_cluster.client import CLUSTER_USER
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / ".local_cluster"
@@ -153,7 +154,7 @@ def test_a_node_whose_boot_cannot_install_the_interpreter_stays_out_of_service_u
         assert "python3.11 (local stand-in: withheld on node3" in (BASE / "log" / "boot-node3.log").read_text()
 
         # The other nodes take the work.
-        job = slurm_cluster.sbatch("jobs/test_2nodes.sh")
+        job = slurm_cluster.sbatch("jobs/test_2nodes.sh", user=CLUSTER_USER)
         assert slurm_cluster.wait(job, timeout=90) == ("COMPLETED", 0)
         log = (slurm_cluster.fsx / "logs" / "validation" / f"test-2nodes_{job}.out").read_text()
         assert sorted(line.split()[-1] for line in log.splitlines() if line.startswith("task ")) == ["node1", "node2"]

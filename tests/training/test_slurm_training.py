@@ -20,7 +20,7 @@ import pytest
 
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 from local_cluster import demo_data
-from local_cluster.client import controller_address
+from local_cluster.client import controller_address, give_to, hostnames
 from local_cluster.training_job import worker_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
@@ -44,7 +44,9 @@ class Job:
     def submit(self, **extra_env: str) -> "Job":
         self.env = env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
                           "OMP_NUM_THREADS": "1", **extra_env}
-        self.id = self.cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=OPTIONS)
+        self.host_root.mkdir(parents=True)  # the job's folder, its user's as the node setup makes model1's
+        give_to("model1", self.host_root)
+        self.id = self.cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=OPTIONS, user="model1")
         SUBMITTED.append(self.id)
         return self
 
@@ -115,11 +117,16 @@ while true; do echo "$(date '+%Y/%m/%d %H:%M:%S'), 0, 0 %"; sleep 1; done
 
 
 @pytest.fixture(scope="module")
-def fake_gpu_bin(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("fake-gpu-bin")
+def fake_gpu_bin(slurm_cluster):
+    """A folder with the fake nvidia-smi, as the nodes see it: on /fsx, which model1's job may read (pytest's
+    temporary folders are root's alone)."""
+    name = f"tests/training/fake-gpu-bin-{uuid.uuid4().hex[:8]}"
+    folder = slurm_cluster.fsx / name
+    folder.mkdir(parents=True)
     (folder / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
     (folder / "nvidia-smi").chmod(0o755)
-    return folder
+    yield f"/fsx/{name}"
+    shutil.rmtree(folder)
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +164,7 @@ def test_gpu_monitor_runs_on_every_node_and_stops_with_the_job(slurm_cluster, un
     logs = uninterrupted.host_root / "logs/model1"
     # The nodes Slurm chose: after another test's drain, or a job still ending, not always node1 and node2.
     (record,) = slurm_cluster.jobs(uninterrupted.id)
-    nodes = subprocess.run(["scontrol", "show", "hostnames", record["NodeList"]], capture_output=True,
-                           text=True, timeout=30, check=True).stdout.split()
+    nodes = hostnames(record["NodeList"])
     assert len(nodes) == 2, record["NodeList"]
     for node in nodes:
         lines = (logs / f"gpu_{uninterrupted.id}_{node}.csv").read_text().splitlines()
@@ -202,7 +208,7 @@ def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(
     assert {"runs/model1/verified/step_00000040", "runs/model1/logs/step_00000040/metrics.jsonl"} <= keys
 
     # Submitted again by hand (as after an interruption): it checks everything and sends nothing.
-    rerun = slurm_cluster.sbatch("jobs/backup.sh", "model1", env=uninterrupted.env,
+    rerun = slurm_cluster.sbatch("jobs/backup.sh", "model1", env=uninterrupted.env, user="model1",
                                  options=[f"--output=/fsx/{uninterrupted.root}/logs/backups/rerun_%j.out"])
     SUBMITTED.append(rerun)
     rerun_log = uninterrupted.host_root / f"logs/backups/rerun_{rerun}.out"
