@@ -1,4 +1,4 @@
-"""Node failures for the simulation: when they happen, and what one does to a local node.
+"""Node failures and slow nodes for the simulation: when they happen, and what one does to a local node.
 
 When: every node in service fails at ``rate`` per 1,000 node-days of simulated time, independently
 (cluster_config/goodput.py's failure model). ``failure_times`` draws the cluster's failures as one
@@ -16,6 +16,12 @@ What, two kinds (Llama 3's interruptions were mostly GPUs, some whole hosts):
              ranks fail, srun ends the step (--kill-on-bad-exit), jobs/train.sh asks training.recovery
              and requeues, and the epilog's health check drains the node.
 Either way the stand-in for clustermgtd (local_cluster/stand_ins/clustermgtd.py) replaces the node.
+
+Slow nodes (stragglers: slow, not failed) arrive the same way at their own rate, from a generator of their
+own (the failures of a seed stay the same). ``slow_down`` writes the node's slowdown to the marker the
+stand-in trainer's ranks read as their probe (local_cluster/stand_ins/trainer.py: a synchronous step at
+the slowest rank's pace): the stand-in sleeps its steps, it burns no CPU a cgroup quota could slow. The
+marker goes when the node leaves service (``clear_slow``): its replacement is a new instance.
 """
 
 from __future__ import annotations
@@ -71,6 +77,25 @@ def fail_gpu(cluster: SimCluster, node: str) -> None:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("simulated failure: GPU fell off the bus (Xid 79)\n")
     _kill([pid for pid in cluster.node_pids(node) if _is_trainer(pid)])
+
+
+def slow_markers(cluster: SimCluster):
+    """The folder of the slow nodes' markers, as the nodes see it (the same path: they share the host's
+    file system but for /dev/shm and their own mounts)."""
+    return cluster.fsx / ".node-slow"
+
+
+def slow_down(cluster: SimCluster, node: str, slowdown: float) -> None:
+    """The node turns slow: its ranks' steps take ``1 + slowdown`` times as long (and every rank's of its job)."""
+    folder = slow_markers(cluster)
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / f".node-slow.{node}"  # beside it: the folder changes once, whole
+    partial.write_text(f"{slowdown!r}\n")
+    os.replace(partial, folder / node)  # the folder's change is what the ranks look for
+
+
+def clear_slow(cluster: SimCluster, node: str) -> None:
+    (slow_markers(cluster) / node).unlink(missing_ok=True)
 
 
 FIRST_NODE_LOST = "first node lost"  # the job's first node: its batch script, rank 0, its step's tree root

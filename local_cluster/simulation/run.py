@@ -11,10 +11,15 @@ with jobs/train.sh's ``TRAIN_LAUNCHER`` seam set to the torch-free stand-in trai
 (training.recovery, ``scontrol requeue``; Slurm's own requeue after a node failure) and the prolog and
 epilog health checks are the real ones; clustermgtd is a stand-in too. Time is compressed by
 ``Scenario.scale`` (simulated seconds per wall second): the plan's step and save times, the replacement
-time and the failure rate are scaled; what the local cluster itself takes (Slurm's requeue hold and
+time and the failure and straggler rates are scaled; what the local cluster itself takes (Slurm's requeue hold and
 its wait for a dead node's step, a job's start, a node's boot) is not, and shows up in simulated time
 multiplied by the scale: the simulation's effective overheads, which ``calibrate`` measures for the
 prediction.
+
+Slow nodes (stragglers) arrive beside the failures (faults.py). With ``Scenario.evict`` the stand-in
+trainer evicts one as the trainer does (train.straggler_evict); without, it only reports it, and
+``straggler_unattended_h`` after the node turned slow a person acts on the TrainingStraggler warning as
+its runbook says (docs/monitoring.md): drains the node and requeues the job on it.
 """
 
 from __future__ import annotations
@@ -29,14 +34,15 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cluster_config.goodput import DAY_S, Goodput, young_interval_s
+from cluster_config.goodput import DAY_S, Goodput, Stragglers, young_interval_s
 from cluster_config.model_jobs import write_job_files
 from cluster_config.plan import build_plan, spares_alternative
 from cluster_config.settings import load_settings
 from local_cluster.client import wait_for
 from local_cluster.simulation.cluster import (FLAGS, REPO, USABLE, SimCluster, expand_hostlist, machine_cpu_s,
                                              process_usage)
-from local_cluster.simulation.faults import FIRST_NODE_LOST, KINDS, failure_times
+from local_cluster.simulation.faults import (FIRST_NODE_LOST, KINDS, clear_slow, failure_times, slow_down,
+                                            slow_markers)
 from training.status import read_metrics
 
 TRAINER = REPO / "local_cluster" / "stand_ins" / "trainer.py"
@@ -53,6 +59,10 @@ class Scenario:
     failures_per_1000_node_days: float | None = None  # None: the settings' goodput assumption
     replacement_min: float | None = None  # a failed node's replacement; None: the settings'
     gpu_share: float = 0.5  # of the failures, GPU failures; the rest lose the whole node
+    stragglers_per_1000_node_days: float | None = None  # None: the settings' goodput assumption
+    straggler_slowdown: float | None = None  # None: the settings'
+    straggler_unattended_h: float | None = None  # None: the settings'
+    evict: bool = True  # the trainer evicts a straggler's node (train.straggler_evict); False: a person, later
     seed: int = 1
     env: str = "prod"
 
@@ -72,6 +82,7 @@ class ModelSim:
     save_s: float
     every: int  # checkpoint.every, steps: Young's interval for the failure rate
     plan: Goodput  # the plan's goodput row at production parameters
+    plan_stragglers: Stragglers  # the plan's straggler row at production parameters (its detection window)
 
 
 @dataclass
@@ -126,6 +137,7 @@ class RunRecord:
     t0: float = 0.0
     end: float = 0.0
     failures: list[dict] = field(default_factory=list)  # injected: time, node, kind, model, job
+    stragglers: list[dict] = field(default_factory=list)  # slowed: time, node, model, job; out of service: gone
     replacements: list[dict] = field(default_factory=list)  # clustermgtd stand-in's lines
     timeline: list[dict] = field(default_factory=list)  # the watcher's samples
     metrics: dict[str, list[dict]] = field(default_factory=dict)  # each model's metrics.jsonl
@@ -147,7 +159,11 @@ def plan_models(scenario: Scenario, nodes: int | None = None) -> tuple[list[Mode
     assume = settings.goodput
     scenario = replace(scenario, failures_per_1000_node_days=_given(scenario.failures_per_1000_node_days,
                                                                    assume.failures_per_1000_node_days),
-                       replacement_min=_given(scenario.replacement_min, assume.node_replacement_min))
+                       replacement_min=_given(scenario.replacement_min, assume.node_replacement_min),
+                       stragglers_per_1000_node_days=_given(scenario.stragglers_per_1000_node_days,
+                                                            assume.stragglers_per_1000_node_days),
+                       straggler_slowdown=_given(scenario.straggler_slowdown, assume.straggler_slowdown),
+                       straggler_unattended_h=_given(scenario.straggler_unattended_h, assume.straggler_unattended_h))
     rate = scenario.failures_per_1000_node_days
     plan = build_plan(settings)
     shares = [row.nodes for row in plan.rows]
@@ -158,7 +174,7 @@ def plan_models(scenario: Scenario, nodes: int | None = None) -> tuple[list[Mode
     for row, share in zip(plan.rows, shares):
         every = max(1, round(young_interval_s(row.save_s, rate / 1000 * share) / row.step_s))
         models.append(ModelSim(row.name, share, share * settings.gpu_queue.gpus_per_instance, steps[row.name],
-                               row.step_s, row.save_s, every, row.goodput))
+                               row.step_s, row.save_s, every, row.goodput, row.stragglers))
     return models, settings, scenario
 
 
@@ -203,6 +219,7 @@ def prepare_jobs(cluster: SimCluster, settings, models: list[ModelSim]) -> Path:
         shutil.rmtree(cluster.fsx / "logs" / model.name, ignore_errors=True)
         (cluster.fsx / "logs" / model.name).mkdir(parents=True)  # Slurm does not create --output's folder
     shutil.rmtree(cluster.fsx / ".node-health", ignore_errors=True)  # the health check's fault markers
+    shutil.rmtree(slow_markers(cluster), ignore_errors=True)  # the slow nodes' (a fresh cluster has none)
     history = cluster.fsx / "logs" / "node-health"  # the health hook's failure history: a fresh cluster's
     for path in history.glob("*") if history.is_dir() else ():
         path.unlink()
@@ -212,11 +229,12 @@ def prepare_jobs(cluster: SimCluster, settings, models: list[ModelSim]) -> Path:
 def submit(cluster: SimCluster, root: Path, model: ModelSim, scenario: Scenario) -> str:
     env = {**cluster.env, "TRAIN_LAUNCHER": f"python {TRAINER}", "JOBS_VENV": str(cluster.jobs_home / "venv"),
            "PYTHONPATH": "", "SIM_TIME_SCALE": repr(scenario.scale), "SIM_STEP_S": repr(model.step_s),
-           "SIM_SAVE_S": repr(model.save_s),
+           "SIM_SAVE_S": repr(model.save_s), "SIM_SLOW_MARKERS": str(slow_markers(cluster)),
            # the retry budget's window (24 h) is simulated time too
            "RECOVERY_WINDOW_HOURS": repr(24 / scenario.scale)}
     command = ["sbatch", "--parsable", "--gpus-per-node=0", f"--nodes={model.nodes}", f"jobs/train_{model.name}.sh",
-               f"train.steps={model.steps}", f"checkpoint.every={model.every}", "checkpoint.every_minutes=0"]
+               f"train.steps={model.steps}", f"checkpoint.every={model.every}", "checkpoint.every_minutes=0",
+               f"train.straggler_evict={str(scenario.evict).lower()}"]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip()}")
@@ -333,6 +351,7 @@ def finish(cluster: SimCluster, manager: Clustermgtd) -> list[str]:
     as an operator would; their names are returned."""
     try:
         cancel_all(cluster)
+        shutil.rmtree(slow_markers(cluster), ignore_errors=True)  # no longer slow: the run is over
         quarantined = [n for n, (state, _) in cluster.node_states().items() if state.rstrip(FLAGS) == "fail"]
         release(cluster, quarantined, "released for replacement after the simulation")
         cluster.wait_all_usable()
@@ -349,6 +368,7 @@ def simulate(cluster: SimCluster, models: list[ModelSim], settings, scenario: Sc
     root = prepare_jobs(cluster, settings, models)
     manager = Clustermgtd(cluster, scenario, "replacements")
     rng = random.Random(scenario.seed)
+    slow_rng = random.Random(f"stragglers {scenario.seed}")  # a stream of its own: the seed's failures stay
     try:
         cluster.wait_all_usable()
         jobs = {m.name: submit(cluster, root, m, scenario) for m in models}
@@ -358,8 +378,11 @@ def simulate(cluster: SimCluster, models: list[ModelSim], settings, scenario: Sc
         record.end = record.t0 + scenario.wall(scenario.days * DAY_S)
         rate = scenario.failures_per_1000_node_days
         schedule = [record.t0 + scenario.wall(t) for t in failure_times(rate, cluster.nodes, scenario.days, rng)]
+        slow_schedule = [record.t0 + scenario.wall(t) for t in failure_times(scenario.stragglers_per_1000_node_days,
+                                                                             cluster.nodes, scenario.days, slow_rng)]
         log(f"simulation: {len(models)} models on {cluster.nodes} nodes, {scenario.spares} spare(s), "
-            f"{scenario.days:g} days in {scenario.wall(scenario.days * DAY_S):.0f} s, {len(schedule)} failure(s) drawn")
+            f"{scenario.days:g} days in {scenario.wall(scenario.days * DAY_S):.0f} s, {len(schedule)} failure(s) and "
+            f"{len(slow_schedule)} slow node(s) drawn, stragglers {'evicted' if scenario.evict else 'unattended'}")
         pids = cluster.daemon_pids()
         usage_start = {name: process_usage(p) for name, p in pids.items()}
         machine_start = machine_cpu_s()
@@ -370,6 +393,10 @@ def simulate(cluster: SimCluster, models: list[ModelSim], settings, scenario: Sc
             while schedule and schedule[0] <= time.time():
                 schedule.pop(0)
                 inject(cluster, rng, scenario, record, log)
+            while slow_schedule and slow_schedule[0] <= time.time():
+                slow_schedule.pop(0)
+                slow(cluster, slow_rng, scenario, record, log)
+            attend(cluster, scenario, record, log)
             if len(record.timeline) % 20 == 1:  # every 10 s
                 for name, p in cluster.daemon_pids().items():
                     rss_samples[name].append(process_usage(p)[0])
@@ -421,6 +448,48 @@ def inject(cluster: SimCluster, rng: random.Random, scenario: Scenario, record: 
     KINDS[kind](cluster, node)
     record.failures.append({"time": at, "node": node, "kind": kind, "model": model, "job": job, "state": state})
     log(f"  day {(at - record.t0) * scenario.scale / DAY_S:5.2f}: {kind} on {node} ({model or 'idle'})")
+
+
+def slow(cluster: SimCluster, rng: random.Random, scenario: Scenario, record: RunRecord, log) -> None:
+    """One node turns slow: picked at random, as a failure is; one out of service already is skipped."""
+    node = f"node{rng.randint(1, cluster.nodes)}"
+    state = cluster.node_states().get(node, ("?", ""))[0]
+    at = time.time()
+    if state not in USABLE:
+        record.stragglers.append({"time": at, "node": node, "skipped": state})
+        return
+    model, job, _ = job_nodes(cluster).get(node, ("", "", False))
+    slow_down(cluster, node, scenario.straggler_slowdown)
+    record.stragglers.append({"time": at, "node": node, "model": model, "job": job, "state": state})
+    log(f"  day {(at - record.t0) * scenario.scale / DAY_S:5.2f}: {node} {scenario.straggler_slowdown:.0%} slow "
+        f"({model or 'idle'})")
+
+
+def attend(cluster: SimCluster, scenario: Scenario, record: RunRecord, log) -> None:
+    """The slow nodes: one out of service (evicted and drained, failed, taken out by a person) loses its
+    marker, its replacement being a new instance. Without eviction, a person acts ``straggler_unattended_h``
+    after the node turned slow, as TrainingStraggler's runbook says: drains it and requeues its job."""
+    active = [s for s in record.stragglers if "skipped" not in s and "gone" not in s]
+    if not active:
+        return
+    states = cluster.node_states()
+    for straggler in active:
+        node = straggler["node"]
+        state, reason = states.get(node, ("?", ""))
+        if state not in USABLE:
+            clear_slow(cluster, node)
+            straggler.update(gone=time.time(), state_after=state, reason_after=reason)
+        elif (not scenario.evict and "operator" not in straggler
+              and time.time() >= straggler["time"] + scenario.wall(scenario.straggler_unattended_h * 3600)):
+            model, job, _ = job_nodes(cluster).get(node, ("", "", False))
+            cluster.slurm("scontrol", "update", f"nodename={node}", "state=drain",
+                          f"reason=straggler: {model or 'no job'} slow since day "
+                          f"{(straggler['time'] - record.t0) * scenario.scale / DAY_S:.2f} (TrainingStraggler runbook)")
+            if job:
+                cluster.slurm("scontrol", "requeue", job, check=False)
+            straggler.update(operator=time.time(), operator_model=model, operator_job=job)
+            log(f"  day {(time.time() - record.t0) * scenario.scale / DAY_S:5.2f}: {node} drained by a person"
+                + (f", {model}'s job {job} requeued" if job else ""))
 
 
 def final_state(cluster: SimCluster, models: list[ModelSim], jobs: dict[str, str]) -> dict[str, dict]:

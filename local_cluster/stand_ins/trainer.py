@@ -21,7 +21,17 @@ a restart see of the trainer, in compressed time (``SIM_TIME_SCALE`` simulated s
   0 (on the first node). A rank whose node fails dies with it and its connection closes: the others
   fail at once (exit 1) and nothing is saved, as NCCL fails a collective with a dead peer (here without
   its timeout). SIGUSR1/SIGTERM make rank 0 check at the next step that every rank is still there, save,
-  write STATUS stopped and release the others (exit 0).
+  write STATUS stopped and release the others (exit 0);
+- a slow node (a straggler, docs/goodput.md): the simulation writes its slowdown ``x`` to
+  ``$SIM_SLOW_MARKERS/<node>``. Each rank's probe is ``1 + x`` of its node (1 without a marker); rank 0
+  reads its ranks' markers whenever the folder changes (one stat a step) and paces every step at the
+  slowest rank's probe, as a synchronous step waits for its slowest rank. Each log interval it applies
+  ``training/stragglers.py``'s rule to the probes (``slowest_rank``, ``slowest_excess_pct`` in the line):
+  a rank over ``train.straggler_margin`` for ``train.straggler_intervals`` intervals in a row is a
+  straggler (a ``straggler`` event). With ``train.straggler_evict`` (unset: on, the GPUs stood in for)
+  it then does what the trainer does: saves synchronously, has the straggler's rank report its node to
+  the epilog (training/node_suspect.py: drained with the reason), writes the reason to
+  ``TRAIN_FAILURE_FILE`` and an ``evict`` event, and every rank exits 1 for jobs/train.sh to requeue.
 
 Times in the files are wall-clock seconds, as the real trainer's are; the simulation converts them.
 """
@@ -33,6 +43,7 @@ import math
 import os
 import re
 import select
+import statistics
 import signal
 import socket
 import struct
@@ -43,6 +54,8 @@ from pathlib import Path
 LATEST, META, STATUS = "latest", "train_meta.json", "STATUS"
 STEP_DIR = re.compile(r"step_(\d{8})")
 PING, ACK, RELEASE = b"p", b"k", b"s"
+EVICT, EVICTED = b"e", b"x"  # to the straggler's rank: report your node (then the reason); to every rank: exit 1
+EVICTED_EXIT = 1  # training.train's EVICTED: a failure, requeued by jobs/train.sh
 
 
 class PeerLost(RuntimeError):
@@ -98,7 +111,8 @@ def follower(rank: int, address: tuple[str, int], timeout_s: float) -> int:
                 return 1
             time.sleep(0.05)
     conn.settimeout(None)
-    conn.sendall(struct.pack("!I", rank))
+    host = node_name().encode()
+    conn.sendall(struct.pack("!IB", rank, len(host)) + host)
     while True:
         try:
             message = conn.recv(1)
@@ -110,32 +124,72 @@ def follower(rank: int, address: tuple[str, int], timeout_s: float) -> int:
             conn.sendall(ACK)
         elif message == RELEASE:
             return 0
+        elif message == EVICT:  # this rank's node is the straggler: it reports it, on its own node
+            report_node(receive(conn, struct.unpack("!H", receive(conn, 2))[0]).decode())
+            conn.sendall(ACK)
+        elif message == EVICTED:
+            print(f"rank {rank}: a straggler's node is evicted: exiting for the job to be requeued", file=sys.stderr)
+            return EVICTED_EXIT
         else:
             print(f"rank {rank}: rank 0 is gone (its node failed): leaving as a failed collective does",
                   file=sys.stderr)
             return 1
 
 
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def receive(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise PeerLost("a rank's connection closed (its node failed)")
+        data += chunk
+    return data
+
+
+def report_node(why: str) -> None:
+    """This rank's node to be drained by the epilog, with ``why`` (the trainer's own report)."""
+    from training import node_suspect  # the bundle's, torch-free
+
+    node_suspect.report(why)
+
+
 # --- rank 0 ---------------------------------------------------------------------------------------
 class Peers:
-    """Rank 0's connections to the other ranks."""
+    """Rank 0's connections to the other ranks, and every rank's node (``hosts``, by rank)."""
 
-    def __init__(self, world: int, port: int, timeout_s: float):
+    def __init__(self, world: int, port: int, timeout_s: float, stop: list[str]):
         self.conns: list[socket.socket] = []
+        self.by_rank: dict[int, socket.socket] = {}
+        self.hosts = [node_name()] * world
         if world == 1:
             return
         server = socket.socket()
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("0.0.0.0", port))
         server.listen(world)
-        server.settimeout(timeout_s)
+        # a stop signal ends the wait (a job requeued meanwhile: its prolog failed on another node), as
+        # torchrun's agent stops its workers; else the job would hold its nodes until Slurm's KillWait
+        server.settimeout(0.25)
+        deadline = time.monotonic() + timeout_s
         try:
-            for _ in range(world - 1):
-                conn, _ = server.accept()
+            while len(self.conns) < world - 1:
+                if stop or time.monotonic() > deadline:
+                    raise PeerLost(f"rendezvous: {len(self.conns) + 1} of {world} ranks, "
+                                   + (f"stopped by {stop[0]}" if stop else f"none more after {timeout_s:g} s"))
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
                 conn.settimeout(timeout_s)
-                conn.recv(4)
+                rank, size = struct.unpack("!IB", receive(conn, 5))
+                self.hosts[rank] = receive(conn, size).decode()
                 conn.settimeout(None)
                 self.conns.append(conn)
+                self.by_rank[rank] = conn
         except (TimeoutError, OSError) as exc:
             raise PeerLost(f"rendezvous: {len(self.conns) + 1} of {world} ranks after {timeout_s:g} s ({exc})") from None
         finally:
@@ -167,12 +221,79 @@ class Peers:
         except OSError as exc:
             raise PeerLost(f"a rank did not answer ({exc})") from None
 
-    def release(self) -> None:
+    def release(self, message: bytes = RELEASE) -> None:
         for conn in self.conns:
             try:
-                conn.sendall(RELEASE)
+                conn.sendall(message)
             except OSError:
                 pass
+
+    def report_node(self, rank: int, why: str) -> None:
+        """Rank ``rank`` reports its own node to the epilog (a node-local marker: only it can write it)."""
+        if rank == 0:
+            report_node(why)
+            return
+        conn, text = self.by_rank[rank], why.encode()
+        try:
+            conn.sendall(EVICT + struct.pack("!H", len(text)) + text)
+            conn.settimeout(10)
+            if conn.recv(1) != ACK:
+                raise PeerLost(f"rank {rank} did not report its node")
+            conn.settimeout(None)
+        except OSError as exc:
+            raise PeerLost(f"rank {rank} did not report its node ({exc})") from None
+
+
+class Probes:
+    """Each rank's probe: ``1 + x`` for a node the simulation slowed by ``x`` (``<folder>/<node>``), else 1.
+    The markers are read again when the folder changes: a stat a step, nothing while no node is slow."""
+
+    def __init__(self, folder: str | None, hosts: list[str]):
+        self.folder, self.hosts = Path(folder) if folder else None, hosts
+        self.seen: int | None = None
+        self.values = [1.0] * len(hosts)
+
+    def refresh(self) -> list[float]:
+        if self.folder is None:
+            return self.values
+        try:
+            changed = self.folder.stat().st_mtime_ns
+        except FileNotFoundError:
+            changed = None
+        if changed != self.seen:
+            self.seen = changed
+            self.values = [1.0 + self._slowdown(host) for host in self.hosts]
+        return self.values
+
+    def _slowdown(self, host: str) -> float:
+        try:
+            return float((self.folder / host).read_text())
+        except (FileNotFoundError, ValueError):  # not slow, or being replaced
+            return 0.0
+
+
+class Detector:
+    """training/stragglers.py's Detector on the probes alone: the slowest rank's excess over the median of
+    the others; the same rank over the margin ``intervals`` intervals in a row is a straggler, once."""
+
+    def __init__(self, margin: float, intervals: int):
+        self.margin, self.intervals = margin, intervals
+        self.suspect, self.over, self.reported = -1, 0, False
+
+    def update(self, probes: list[float]) -> tuple[int, float, bool]:
+        """(slowest rank, its excess, whether this interval makes it a straggler)."""
+        slowest = max(range(len(probes)), key=probes.__getitem__)
+        median = statistics.median([p for i, p in enumerate(probes) if i != slowest] or probes)
+        excess = probes[slowest] / median - 1
+        if excess > self.margin and slowest == self.suspect:
+            self.over += 1
+        elif excess > self.margin:
+            self.suspect, self.over, self.reported = slowest, 1, False
+        else:
+            self.suspect, self.over, self.reported = -1, 0, False
+        new = self.over >= self.intervals and not self.reported
+        self.reported |= new
+        return slowest, excess, new
 
 
 class Checkpoints:
@@ -231,7 +352,8 @@ def loss_at(step: int) -> float:
     return round(2.0 + 8.0 / math.sqrt(1 + step / 50), 6)
 
 
-def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: float, load_s: float) -> int:
+def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: float, load_s: float,
+           slow_markers: str | None = None) -> int:
     stop: list[str] = []
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, _: stop.append(signal.Signals(signum).name))
@@ -242,7 +364,10 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
         metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
         metrics.flush()
 
-    peers = Peers(world, port, float(cfg.train.init_timeout_s))
+    peers = Peers(world, port, float(cfg.train.init_timeout_s), stop)
+    probes = Probes(slow_markers, peers.hosts)
+    detector = Detector(cfg.train.straggler_margin, cfg.train.straggler_intervals)
+    evicts = cfg.train.straggler_evict is not False  # unset: on, as on the GPUs the simulation stands in for
     ckpt = Checkpoints(Path(cfg.checkpoint.dir), cfg.checkpoint.keep, world)
     step = ckpt.newest_loadable()
     if step:
@@ -256,7 +381,7 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
     interval_steps = 0
     stopping = False
     while step < cfg.train.steps and not stopping:
-        next_end += step_wall
+        next_end += step_wall * max(probes.refresh())  # a synchronous step waits for its slowest rank
         peers.sleep_until(next_end)
         step += 1
         interval_steps += 1
@@ -267,30 +392,42 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
             peers.check()  # the stop vote: a collective
             stopping = True
         last = step == cfg.train.steps or stopping
+        evict = None  # the straggler whose node this run leaves, after saving: (rank, excess)
         if step % cfg.log.interval == 0 or last:
             now = time.time()
             elapsed = max(now - interval_start, 1e-9)
+            slowest, excess, new = detector.update(probes.values)
+            # slowest_node is the stand-in's own: the report counts the slow nodes a model met by it
             write({"step": step, "loss": loss_at(step), "lr": cfg.optim.lr, "grad_norm": 1.0,
                    "tokens_per_s": tokens * interval_steps / elapsed,
                    "tokens_per_s_per_device": tokens * interval_steps / elapsed / world,
                    "step_time_s": elapsed / interval_steps, "data_wait_pct": 0.0, "checkpoint_block_s": 0.0,
-                   "memory_gib": 0.0, "samples_crc": step})
+                   "memory_gib": 0.0, "samples_crc": step, "slowest_rank": slowest,
+                   "slowest_excess_pct": 100 * excess, "slowest_node": peers.hosts[slowest]})
             interval_start, interval_steps = now, 0
+            if new:
+                write({"event": "straggler", "step": step, "rank": slowest, "node": peers.hosts[slowest],
+                       "excess_pct": round(100 * excess, 1), "intervals": detector.over,
+                       "margin_pct": 100 * cfg.train.straggler_margin})
+                if evicts and not last:
+                    evict = (slowest, excess)
         due = step % every == 0 or last or (every_s and (time.time() - last_save) * clock.scale >= every_s)
-        if due:
+        if due or evict:
             if pending:  # one save in flight at most: the next waits for it
                 peers.sleep_until(pending[1])
                 ckpt.commit(pending[0])
                 pending = None
             peers.check()  # every rank writes its shards
             ckpt.begin(step)
-            if last:  # the final save is synchronous
+            if last or evict:  # the final save is synchronous, an eviction's too
                 peers.sleep_until(time.time() + save_wall)
                 ckpt.commit(step)
             else:
                 pending = (step, time.time() + save_wall)
             last_save = time.time()
             next_end = max(next_end, time.time())
+        if evict:
+            return leave(cfg, peers, write, step, *evict, intervals=detector.over)
     status = "complete" if step >= cfg.train.steps else "stopped"
     write({"event": status, "step": step, "signal": stop[0] if stop else None})
     metrics.close()
@@ -299,6 +436,24 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
     write_atomic(Path(cfg.checkpoint.dir) / STATUS, status + "\n")
     peers.release()
     return 0
+
+
+def leave(cfg, peers: Peers, write, step: int, rank: int, excess: float, intervals: int) -> int:
+    """training.train's eviction, the checkpoint of ``step`` saved: the straggler's rank reports its node to
+    the epilog, FAILURE says why, and every rank exits 1 (jobs/train.sh requeues; the drained node is left out)."""
+    host = peers.hosts[rank]
+    why = (f"straggler: rank {rank} on {host} {100 * excess:.0f} % slower than the median of the other ranks for "
+           f"{intervals} log intervals (train.straggler_margin {cfg.train.straggler_margin:g}); saved step {step}, "
+           "evicting the node")
+    peers.report_node(rank, why)
+    write({"event": "evict", "step": step, "rank": rank, "node": host, "reason": "straggler",
+           "excess_pct": round(100 * excess, 1)})
+    failure = os.environ.get("TRAIN_FAILURE_FILE")
+    if failure:
+        Path(failure).write_text(why + "\n")
+    print(f"rank 0: {why}: exiting for the job to be requeued on other nodes", file=sys.stderr, flush=True)
+    peers.release(EVICTED)
+    return EVICTED_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(failure).write_text(f"user: config error: {exc}\n")
         return fail(exc, "see python -m training.train --help for every key")
     try:
-        return leader(cfg, world, address[1], clock, step_s, save_s, load_s)
+        return leader(cfg, world, address[1], clock, step_s, save_s, load_s, os.environ.get("SIM_SLOW_MARKERS"))
     except PeerLost as exc:
         print(f"rank 0: training failed: {exc}", file=sys.stderr, flush=True)
         os._exit(1)  # as the trainer leaves on an infrastructure failure: at once, saving nothing

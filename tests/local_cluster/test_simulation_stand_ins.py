@@ -1,5 +1,6 @@
 """The goodput simulation's parts that need no Slurm: the stand-in trainer (checkpoint rules, resume, a stop
-request, ranks failing together), Slurm host lists and the failure draw."""
+request, ranks failing together, a slow node's pace, detection and eviction), Slurm host lists and the failure
+draw."""
 
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tmp_path: Path, rank: int, world: int, port: int, *overrides: str) -> subprocess.Popen:
+def start(tmp_path: Path, rank: int, world: int, port: int, *overrides: str, **env_extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world),
            "SLURM_STEP_NODELIST": "localhost", "RDZV_PORT": str(port), "SIM_TIME_SCALE": "1000",
-           "SIM_STEP_S": "2", "SIM_SAVE_S": "10", "FSX_DATA": str(tmp_path)}  # 2 ms steps, 10 ms saves
+           "SIM_STEP_S": "2", "SIM_SAVE_S": "10", "FSX_DATA": str(tmp_path), **env_extra}  # 2 ms steps, 10 ms saves
     args = ["--config", str(TINY), "name=sim", f"checkpoint.dir={tmp_path}/ckpt", f"log.dir={tmp_path}/logs",
             "checkpoint.every=20", "checkpoint.every_minutes=0", "checkpoint.keep=2", "log.interval=10",
             "optim.warmup_steps=1", *overrides]
@@ -84,6 +85,15 @@ def test_a_stop_request_saves_and_releases_every_rank(tmp_path):
     assert (tmp_path / "ckpt" / "latest").read_text() == f"step_{stopped[0]['step']:08d}\n"
 
 
+def test_a_stop_signal_ends_rank_0s_wait_for_the_others(tmp_path):
+    """A job requeued while its rank 0 waits (another node's prolog failed): it leaves, not after KillWait."""
+    alone = start(tmp_path, 0, 2, free_port(), "train.steps=1000000")
+    time.sleep(1)
+    alone.send_signal(signal.SIGTERM)
+    assert alone.wait(timeout=10) == 1
+    assert "stopped by SIGTERM" in alone.stderr.read()
+
+
 @pytest.mark.parametrize("killed", [1, 0])
 def test_ranks_fail_together_and_save_nothing_when_one_dies(tmp_path, killed):
     port = free_port()
@@ -95,6 +105,42 @@ def test_ranks_fail_together_and_save_nothing_when_one_dies(tmp_path, killed):
     assert [c for i, c in enumerate(codes) if i != killed] == [1, 1]
     assert not (tmp_path / "ckpt" / "STATUS").exists()
     assert not [r for r in records(tmp_path) if r.get("event") in ("stopped", "complete")]
+
+
+def start_with_a_slow_node(tmp_path: Path, *overrides: str) -> list[subprocess.Popen]:
+    """Three ranks on nodes n0, n1, n2 (one job, id 7); n2 is 50 % slow from the start."""
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "n2").write_text("0.5\n")
+    port = free_port()
+    return [start(tmp_path, rank, 3, port, *overrides, SLURMD_NODENAME=f"n{rank}", SLURM_JOB_ID="7",
+                  SIM_SLOW_MARKERS=str(tmp_path / "slow"), NODE_SUSPECT_DIR=str(tmp_path),
+                  TRAIN_FAILURE_FILE=str(tmp_path / "FAILURE")) for rank in range(3)]
+
+
+def test_a_slow_node_paces_every_step_and_is_evicted_after_its_intervals(tmp_path):
+    ranks = start_with_a_slow_node(tmp_path, "train.steps=1000000", "train.straggler_intervals=3")
+    assert [rank.wait(timeout=60) for rank in ranks] == [1, 1, 1]
+    lines = records(tmp_path)
+    slow = [r for r in lines if "loss" in r]
+    assert [r["slowest_node"] for r in slow] == ["n2"] * 3 and all(r["slowest_excess_pct"] == 50 for r in slow)
+    assert sum(r["step_time_s"] for r in slow) / 3 >= 1.5 * 0.002  # the slowest rank's pace
+    events = [r for r in lines if r.get("event") in ("straggler", "evict")]
+    assert [(e["event"], e["step"], e["node"]) for e in events] == [("straggler", 30, "n2"), ("evict", 30, "n2")]
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step_00000030\n"  # saved before it left
+    assert not (tmp_path / "ckpt" / "STATUS").exists()
+    reason = (tmp_path / "llm-node-suspect.7").read_text()  # written by n2's own rank, for its epilog
+    assert reason.startswith("straggler: rank 2 on n2 50 % slower") and "saved step 30" in reason
+    assert (tmp_path / "FAILURE").read_text() == reason
+
+
+def test_without_eviction_a_slow_node_is_reported_once_and_stays(tmp_path):
+    ranks = start_with_a_slow_node(tmp_path, "train.steps=100", "train.straggler_intervals=3",
+                                   "train.straggler_evict=false")
+    assert [rank.wait(timeout=60) for rank in ranks] == [0, 0, 0]
+    lines = records(tmp_path)
+    assert [r["event"] for r in lines if "event" in r] == ["start", "straggler", "complete"]
+    assert all(r["slowest_node"] == "n2" for r in lines if "loss" in r)
+    assert not (tmp_path / "llm-node-suspect.7").exists() and not (tmp_path / "FAILURE").exists()
 
 
 def test_host_lists_expand_as_slurm_writes_them():
