@@ -148,10 +148,10 @@ def give_to(user: str, *paths: Path) -> None:
     makes a user's folders: what the tests make as root for a job that runs as that user."""
     entry = pwd.getpwnam(user)
     for top in paths:
-        for folder, _, files in os.walk(top):
-            for path in [folder, *(os.path.join(folder, name) for name in files)]:
-                os.chown(path, entry.pw_uid, entry.pw_gid)
         os.chown(top, entry.pw_uid, entry.pw_gid)
+        for folder, subfolders, files in os.walk(top):
+            for name in subfolders + files:
+                os.chown(os.path.join(folder, name), entry.pw_uid, entry.pw_gid)
 
 
 def as_user(user: str, typed: str, timeout: float = 300) -> subprocess.CompletedProcess:

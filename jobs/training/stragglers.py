@@ -21,7 +21,6 @@ once per episode (reported, not acted on).
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .distributed import Dist
+from .straggler_rule import Streak
 
 # Square matmul; GPU in bf16 (~0.2 ms each on an H100), CPU in fp32 (~1 ms each at 384). On CPUs the workload
 # must outlast the scheduler's slices: at 256 (2.5 ms in all) a rank held to 10 % of a CPU by a CFS quota ran
@@ -80,27 +80,15 @@ class Detector:
     """Follows the slowest rank across intervals (pure: the figures of every rank in, a report out)."""
 
     def __init__(self, hosts: list[str], *, margin: float, intervals: int):
-        self.hosts, self.margin, self.intervals = hosts, margin, intervals
-        self._suspect, self._over, self._reported = -1, 0, False
+        self.hosts, self.streak = hosts, Streak(margin, intervals)
 
     def update(self, probes: list[float], data_waits: list[float], arrivals: list[float]) -> Report:
-        slowest = max(range(len(probes)), key=probes.__getitem__)
-        peers = [p for i, p in enumerate(probes) if i != slowest] or probes
-        median = statistics.median(peers)
-        excess = probes[slowest] / median - 1 if median > 0 else 0.0
-        if excess > self.margin and slowest == self._suspect:
-            self._over += 1
-        elif excess > self.margin:
-            self._suspect, self._over, self._reported = slowest, 1, False
-        else:
-            self._suspect, self._over, self._reported = -1, 0, False
-        new = self._over >= self.intervals and not self._reported
-        self._reported |= new
+        slowest, excess, new = self.streak.update(probes)
         waiter = max(range(len(data_waits)), key=data_waits.__getitem__)
         last = max(arrivals)
         return Report(slowest_rank=slowest, slowest_host=self.hosts[slowest], excess=excess,
                       data_wait_max_s=data_waits[waiter], data_wait_max_rank=waiter,
-                      collective_wait_s=[last - a for a in arrivals], intervals_over=self._over, new_straggler=new)
+                      collective_wait_s=[last - a for a in arrivals], intervals_over=self.streak.over, new_straggler=new)
 
 
 class RankTiming:

@@ -43,7 +43,6 @@ import math
 import os
 import re
 import select
-import statistics
 import signal
 import socket
 import struct
@@ -272,30 +271,6 @@ class Probes:
             return 0.0
 
 
-class Detector:
-    """training/stragglers.py's Detector on the probes alone: the slowest rank's excess over the median of
-    the others; the same rank over the margin ``intervals`` intervals in a row is a straggler, once."""
-
-    def __init__(self, margin: float, intervals: int):
-        self.margin, self.intervals = margin, intervals
-        self.suspect, self.over, self.reported = -1, 0, False
-
-    def update(self, probes: list[float]) -> tuple[int, float, bool]:
-        """(slowest rank, its excess, whether this interval makes it a straggler)."""
-        slowest = max(range(len(probes)), key=probes.__getitem__)
-        median = statistics.median([p for i, p in enumerate(probes) if i != slowest] or probes)
-        excess = probes[slowest] / median - 1
-        if excess > self.margin and slowest == self.suspect:
-            self.over += 1
-        elif excess > self.margin:
-            self.suspect, self.over, self.reported = slowest, 1, False
-        else:
-            self.suspect, self.over, self.reported = -1, 0, False
-        new = self.over >= self.intervals and not self.reported
-        self.reported |= new
-        return slowest, excess, new
-
-
 class Checkpoints:
     """training/checkpoint.py's layout and rules, with nothing in the folders but the markers."""
 
@@ -366,7 +341,9 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
 
     peers = Peers(world, port, float(cfg.train.init_timeout_s), stop)
     probes = Probes(slow_markers, peers.hosts)
-    detector = Detector(cfg.train.straggler_margin, cfg.train.straggler_intervals)
+    from training.straggler_rule import Streak  # the trainer's rule, torch-free
+
+    detector = Streak(cfg.train.straggler_margin, cfg.train.straggler_intervals)
     evicts = cfg.train.straggler_evict is not False  # unset: on, as on the GPUs the simulation stands in for
     ckpt = Checkpoints(Path(cfg.checkpoint.dir), cfg.checkpoint.keep, world)
     step = ckpt.newest_loadable()
