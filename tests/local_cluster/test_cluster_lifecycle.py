@@ -56,6 +56,8 @@ def leftovers() -> list[str]:
 def granted_traverse() -> list[str]:
     """The folders `up` opened (o+x) on the way to the jobs' interpreter, as it recorded them."""
     created = Path(OUR_STATE) / "run/created"
+    if not created.exists():  # `up` records only what it did: where every folder was already open, nothing
+        return []
     return [line.removeprefix("traverse:") for line in created.read_text().splitlines() if line.startswith("traverse:")]
 
 
