@@ -70,6 +70,12 @@ def test_up_down_twice_leaves_nothing_behind(cluster_session):
     # is_up(), which is false while a node is reserved or draining after the test before, and left it down.
     was_up = cluster_session.started_here
     try:
+        # `up` makes the login's mount point only where it is missing, and `down` removes only what `up` made.
+        # An empty one left by a run stopped before its `down` is removed here, so that each
+        # cycle makes it and must take it back.
+        cluster.down()
+        if os.path.isdir("/opt/llm-jobs") and not os.listdir("/opt/llm-jobs"):
+            os.rmdir("/opt/llm-jobs")
         for _ in range(2):
             cluster.up()
             assert cluster.is_up()

@@ -10,9 +10,13 @@ nccl-tests output (tests/local_cluster/fixtures/nccl_tests_efa.log) for their co
 from __future__ import annotations
 
 import json
+import shutil
+import uuid
 from pathlib import Path
 
 import pytest
+
+from local_cluster.client import CLUSTER_USER, give_to
 
 pytestmark = pytest.mark.slurm
 
@@ -41,26 +45,39 @@ done
 
 
 @pytest.fixture
-def toolchain(tmp_path) -> dict[str, str]:
+def work(slurm_cluster):
+    """A folder of the cluster's user, who submits the jobs, that the nodes see at the same path (pytest's
+    temporary folders are root's alone)."""
+    folder = slurm_cluster.fsx / "tests/nccl_tests" / uuid.uuid4().hex[:8]
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@pytest.fixture
+def toolchain(work) -> dict[str, str]:
     """Stand-ins for the GPU node's tools; returns the job environment that uses them."""
-    bin_dir, cuda, mpi = tmp_path / "bin", tmp_path / "cuda", tmp_path / "openmpi"
+    bin_dir, cuda, mpi = work / "bin", work / "cuda", work / "openmpi"
     for folder in (bin_dir, cuda / "bin", cuda / "include", mpi / "bin"):
         folder.mkdir(parents=True)
     scripts = {bin_dir / "nvidia-smi": NVIDIA_SMI, bin_dir / "git": GIT, cuda / "bin" / "nvcc": "#!/bin/true\n",
                mpi / "bin" / "mpicc": "#!/bin/true\n",
-               bin_dir / "make": MAKE.replace("{calls}", str(tmp_path / "make.calls")).replace("{fixture}", str(FIXTURE))}
+               bin_dir / "make": MAKE.replace("{calls}", str(work / "make.calls")).replace("{fixture}", str(FIXTURE))}
     for path, text in scripts.items():
         path.write_text(text)
         path.chmod(0o755)
     (cuda / "include" / "nccl.h").write_text("/* stand-in */\n")
+    (work / "shared").mkdir()
+    give_to(CLUSTER_USER, work)  # as the node setup gives it JOBS_HOME/tools, where the build goes by default
     # NCCL_TESTS_MPI=none: the local nodes have no PMIx library, and the stand-ins need no MPI.
     return {"CUDA_HOME": str(cuda), "NCCL_HOME": str(cuda), "MPI_HOME": str(mpi), "BIN": str(bin_dir), "NCCL_TESTS_MPI": "none",
-            "NCCL_TESTS_HOME": str(tmp_path / "shared" / "nccl-tests")}
+            "NCCL_TESTS_HOME": str(work / "shared" / "nccl-tests")}
 
 
-def test_two_jobs_build_nccl_tests_once_and_run_it_on_every_node(slurm_cluster, toolchain, tmp_path):
+def test_two_jobs_build_nccl_tests_once_and_run_it_on_every_node(slurm_cluster, toolchain, work):
     env = {**toolchain, "PATH": f"{toolchain['BIN']}:{slurm_cluster.env['PATH']}"}
-    jobs = [slurm_cluster.sbatch("jobs/nccl_tests.sh", env=env, options=[f"--nodes={n}", *OPTIONS]) for n in (2, 1)]
+    jobs = [slurm_cluster.sbatch("jobs/nccl_tests.sh", env=env, options=[f"--nodes={n}", *OPTIONS], user=CLUSTER_USER)
+            for n in (2, 1)]
     logs = {}
     for job in jobs:
         state = slurm_cluster.wait(job, timeout=300)
@@ -68,7 +85,7 @@ def test_two_jobs_build_nccl_tests_once_and_run_it_on_every_node(slurm_cluster, 
         assert state == ("COMPLETED", 0), logs[job][-3000:]
 
     # One build for both jobs: the second waited on the lock, then found the binaries.
-    assert len((tmp_path / "make.calls").read_text().splitlines()) == 1
+    assert len((work / "make.calls").read_text().splitlines()) == 1
     assert sum(log.count("building nccl-tests") for log in logs.values()) == 1
     two_nodes = jobs[0]
     assert f"job {two_nodes}: 2 nodes" in logs[two_nodes]
