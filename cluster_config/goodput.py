@@ -26,9 +26,13 @@ The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the so
 Stragglers (``Stragglers``, ``stragglers(goodput, settings, detect_s=...)``): a node slow but alive slows its whole
 model by its own excess ``x`` (a synchronous step waits for the slowest rank); a model of ``n`` nodes meets
 ``σ n`` of them a day (``σ = goodput.stragglers_per_1000_node_days / 1000``). One costs ``t x / (1 + x)`` of
-progress while it stays for ``t``: unattended, until a person acts (``goodput.straggler_unattended_h``, at
-most half the run on average); evicted, the trainer's detection window (``train.straggler_intervals`` log
-intervals) plus the eviction (a save, the recovery, and the replacement wait when no spare is free).
+progress while it stays for ``t`` of wall time. Unattended, ``t`` runs until a person acts
+(``goodput.straggler_unattended_h`` ``U`` after it turned slow; one arriving uniformly in a run of ``D`` stays
+``U (1 - U / 2D)`` on average, ``D / 2`` if ``U > D``), and the person's drain and requeue is a restart
+(``1 - U / D`` of them are in time). Evicted, ``t`` is the trainer's detection window
+(``train.straggler_intervals`` log intervals of steps, which run slowed: ``t = W (1 + x)`` for a window ``W`` at
+the normal step time, losing ``W x``), then the eviction. Either restart costs what an eviction does: a save
+(requeue and eviction both save first: no rework), the recovery, and the replacement wait when no spare is free.
 
 ``goodput(row, settings)`` gives one model's ``Goodput`` (inputs and results) from its plan row;
 ``build_plan(settings).rows[i].goodput`` holds the same for every model. A simulation of the cluster
@@ -196,25 +200,42 @@ class Stragglers:
     days: float  # the model's days with its failures (Goodput.days): the time stragglers can arrive in
     per_day: float  # σ x nodes
     slowdown: float  # x: a slow node's step-time excess
-    unattended_s: float  # without eviction: until a person acts, at most half the run on average
-    detect_s: float  # with eviction: straggler_intervals x log.interval x step time
-    evict_s: float  # a save, the recovery and the replacement wait when no spare is free
+    unattended_s: float  # without eviction: from the node turning slow until a person drains it and requeues
+    detect_s: float  # with eviction: straggler_intervals x log.interval x step time (the window's steps, unslowed)
+    evict_s: float  # a restart that saved first: the save, the recovery, the replacement wait when no spare is free
 
     @property
     def expected(self) -> float:
         return self.per_day * self.days
 
     def _lost_s(self, slow_s: float) -> float:
-        """Progress lost while a node ``slowdown`` slower holds the model back for ``slow_s``."""
+        """Progress lost while a node ``slowdown`` slower holds the model back for ``slow_s`` of wall time."""
         return slow_s * self.slowdown / (1 + self.slowdown)
 
     @property
+    def detect_wall_s(self) -> float:
+        """The detection window as it passes: its steps run at the slow node's pace."""
+        return self.detect_s * (1 + self.slowdown)
+
+    @property
+    def unattended_slow_s(self) -> float:
+        """Mean time one stays unattended: until the person acts, or the run ends (it arrives uniformly)."""
+        run_s, wait_s = self.days * DAY_S, self.unattended_s
+        return wait_s * (1 - wait_s / (2 * run_s)) if wait_s <= run_s else run_s / 2
+
+    @property
+    def acted_on(self) -> float:
+        """The share the person acts on before the run ends: each a restart."""
+        run_s = self.days * DAY_S
+        return max(0.0, 1 - self.unattended_s / run_s) if run_s else 0.0
+
+    @property
     def lost_h_unattended(self) -> float:
-        return self.expected * self._lost_s(min(self.unattended_s, self.days * DAY_S / 2)) / 3600
+        return self.expected * (self._lost_s(self.unattended_slow_s) + self.acted_on * self.evict_s) / 3600
 
     @property
     def lost_h_evicted(self) -> float:
-        return self.expected * (self._lost_s(self.detect_s) + self.evict_s) / 3600
+        return self.expected * (self._lost_s(self.detect_wall_s) + self.evict_s) / 3600
 
 
 def stragglers(good: Goodput, settings: Settings, *, detect_s: float) -> Stragglers:

@@ -618,7 +618,7 @@ def _format_goodput(plan: Plan) -> list[str]:
                   f"  {'model':<8} {'slow':>5} {'detect s':>8} {'lost h unattended':>17} {'lost h evicted':>14} "
                   f"{'GPU-h saved':>11}"]
         for s in slow:
-            lines.append(f"  {s.name:<8} {s.expected:>5.2f} {s.detect_s:>8.0f} {s.lost_h_unattended:>17.2f} "
+            lines.append(f"  {s.name:<8} {s.expected:>5.2f} {s.detect_wall_s:>8.0f} {s.lost_h_unattended:>17.2f} "
                          f"{s.lost_h_evicted:>14.2f} {(s.lost_h_unattended - s.lost_h_evicted) * s.gpus:>11,.0f}")
     start, end = a.training_start, plan.capacity_end
     if start and end:

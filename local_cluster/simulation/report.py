@@ -33,9 +33,10 @@ Stragglers, from the stand-in trainer's lines (each log interval: the slowest ra
 Predicted: ``cluster_config.goodput.Stragglers`` with the simulation's parameters (the injected rate, the
 window's days, the plan's detection window; the eviction's save, plus the calibrated restart after a GPU
 failure, whose path an eviction takes: the ranks exit, jobs/train.sh requeues, the epilog drains the
-node). "given stragglers": each slow node met holding the model back for the detection window (evicted)
-or ``straggler_unattended_h`` (unattended), or for as long as it did if shorter (it turned slow near the
-window's end, or its job was down meanwhile), and an eviction's cost after.
+node). "given stragglers": each slow node met holding the model back for the detection window (evicted;
+its steps run slowed) or ``straggler_unattended_h`` (unattended), or for as long as it did if shorter (it
+turned slow near the window's end, or its job was down meanwhile), and an eviction's cost for each
+restart after (the trainer's eviction, or the person's drain and requeue).
 """
 
 from __future__ import annotations
@@ -117,22 +118,22 @@ def straggler_result(model: ModelSim, record: RunRecord, calibration: Calibratio
     restarted += [x["operator"] for x in operated]
     guess = predicted_stragglers(model, record, calibration, (t_end - t0) * scale / DAY_S)
     slowdown = guess.slowdown
-    hold_s = guess.detect_s if scenario.evict else guess.unattended_s
+    hold_s = guess.detect_wall_s if scenario.evict else guess.unattended_s
     # given: each node met holding the model back for the model's time, or as long as it did if shorter (it
-    # turned slow near the window's end, or the job was down meanwhile), then the eviction
+    # turned slow near the window's end, or the job was down meanwhile), then each restart (eviction or person)
     given_slow = sum(min(hold_s, wall * scale) * slowdown / (1 + slowdown) for wall in exposed.values())
     return {
         "met": len(exposed), "nodes": sorted(exposed), "expected": guess.expected,
         "slowed_h": slowed * scale / 3600, "lost_h": lost * scale / 3600,
         "detected": len(detected), "detection_h": [d / 3600 for d in detection],
-        "detection_predicted_h": guess.detect_s / 3600,
+        "detection_predicted_h": guess.detect_wall_s / 3600,
         "evicted": len(evicted), "eviction_h": [e * scale / 3600 if e is not None else None for e in eviction],
         "eviction_predicted_h": guess.evict_s / 3600,
         "operator_h": [o * scale / 3600 if o is not None else None for o in operator],
         "drained_as": [x.get("reason_after", "") for x in record.stragglers if x["node"] in exposed],
         "lost_slowed_given_h": given_slow / 3600,
         "lost_predicted_h": guess.lost_h_evicted if scenario.evict else guess.lost_h_unattended,
-        "lost_given_h": (given_slow + len(evicted) * guess.evict_s) / 3600,
+        "lost_given_h": (given_slow + (len(evicted) + len(operated)) * guess.evict_s) / 3600,
         # restarts after an eviction or a person's requeue (wall time), each with its resume as measured
         "restarts": list(zip(restarted, eviction + operator)), "evict_s": guess.evict_s,
     }
@@ -297,7 +298,7 @@ def format_table(rows: list[dict], record: RunRecord, calibration: Calibration) 
               "",
               "| model | slow nodes met (expected) | slowed h | lost while slowed h | given stragglers | "
               "detection h (predicted) | evicted | eviction h (predicted) | requeued by a person, resumed h | "
-              "lost h with evictions: given stragglers | predicted, expected stragglers |",
+              "lost h with restarts: given stragglers | predicted, expected stragglers |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g = r["stragglers"]

@@ -141,13 +141,17 @@ def test_straggler_cost_unattended_and_evicted_by_hand():
     s = Stragglers(name="m", gpus=80, days=10.0, per_day=0.01, slowdown=0.1, unattended_s=24 * 3600,
                    detect_s=600.0, evict_s=100 + 600 + 900)
     assert s.expected == pytest.approx(0.1)
-    # Unattended: 24 h at 1.1 x the step time do 24 / 1.1 h of work: 2.18 h lost, x 0.1 stragglers.
-    assert s.lost_h_unattended == pytest.approx(0.1 * 24 * 0.1 / 1.1)
-    # Evicted: 600 s of slow steps, then the save (100 s), recovery (600 s) and replacement wait (900 s).
-    assert s.lost_h_evicted == pytest.approx(0.1 * (600 * 0.1 / 1.1 + 1600) / 3600)
-    # A run shorter than two of its person's response times: at most half of it, on average, is slow.
+    # Unattended: one arriving uniformly in the 240 h run stays 24 h unless the run ends first, 22.8 h on
+    # average; at 1.1 x the step time that does 22.8 / 1.1 h of work. In 90 % of them the person acts in time:
+    # a drain and requeue, which saves first (100 s), then recovery (600 s) and replacement wait (900 s).
+    assert s.unattended_slow_s == pytest.approx(22.8 * 3600) and s.acted_on == pytest.approx(0.9)
+    assert s.lost_h_unattended == pytest.approx(0.1 * (22.8 * 0.1 / 1.1 + 0.9 * 1600 / 3600))
+    # Evicted: the window's 600 s of steps run 10 % slow (660 s, losing 60 s of work), then the same restart.
+    assert s.detect_wall_s == pytest.approx(660)
+    assert s.lost_h_evicted == pytest.approx(0.1 * (600 * 0.1 + 1600) / 3600)
+    # A run shorter than its person's response time: half of it, on average, is slow, and nobody acts in time.
     short = Stragglers(**{**s.__dict__, "days": 0.5})
-    assert short.lost_h_unattended == pytest.approx(0.005 * 6 * 0.1 / 1.1)
+    assert short.acted_on == 0 and short.lost_h_unattended == pytest.approx(0.005 * 6 * 0.1 / 1.1)
 
 
 def test_prod_plan_shows_what_stragglers_cost_with_and_without_eviction(tmp_path, write_env):

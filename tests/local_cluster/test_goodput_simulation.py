@@ -7,12 +7,14 @@ so that a short run sees some; with this seed, failures and slow nodes hit train
 failed jobs were requeued and trained again, no model held more nodes than its share or waited while its
 share stood idle, none gave up or hung, and each model's ETTR is within 20 % of the goodput model's for
 the failures and stragglers it had and the times they took to resume. With eviction, every straggler named
-was evicted within the detection window (the model's window, in slowed steps, with 50 % for the pacing on
-a loaded machine: 0.23 to 0.39 h were measured against windows of 0.23 and 0.33 h, and 0.40 h once against
-0.23 h in an unattended run) and its node drained with the trainer's reason; the progress lost while it was
-slow is within 50 % of the model's ``t x / (1 + x)``: the window here is about 0.4 s of wall time, of which
-the slowdown is some 35 ms, and stalls of a 2-core machine shared with other work added up to 12 ms
-(measured: 0.90 to 1.34 of the model over ten evictions in five runs). Without eviction nothing is
+was evicted within the detection window (the model's window, whose steps run slowed, with 50 % for the
+pacing on a loaded machine: 0.22 and 0.33 h were measured against windows of 0.25 and 0.36 h; with the
+window counted unslowed, 0.23 to 0.39 h against 0.23 and 0.33 h, and 0.40 h once against 0.23 h in an
+unattended run) and its node drained with the trainer's reason; the progress lost while it was slow is
+within 50 % of the model's ``t x / (1 + x)``: the window here is about 0.4 s of wall time, of which the
+slowdown is some 35 ms, and stalls of a 2-core machine shared with other work added up to 12 ms
+(measured: 0.86 and 0.91 of the model; with the window counted unslowed, 0.90 to 1.34 over ten evictions
+in five runs). Without eviction nothing is
 evicted, a person drains the slow node after ``straggler_unattended_h`` and the progress lost while it
 was slow is within 20 % of the model's for the time it held its model back.
 
@@ -72,13 +74,12 @@ def test_failed_jobs_requeue_keep_their_shares_and_match_the_goodput_model(tmp_p
         assert row["kept_share"] and not row["stuck"] and not row["gave_up"], row
         assert abs(row["ettr"] - row["ettr_given_resumes"]) <= 0.2 * row["ettr_given_resumes"], row
 
-    x = run["scenario"]["straggler_slowdown"]
     assert [s["node"] for s in run["stragglers"]] == [s["node"] for s in unattended["stragglers"]]  # the same
     evicting = [row["stragglers"] for row in rows.values() if row["stragglers"]["met"]]
     assert evicting, run["stragglers"]
     for slow in evicting:
         assert slow["detected"] == slow["evicted"] >= 1, slow
-        assert all(h <= slow["detection_predicted_h"] * (1 + x) * 1.5 for h in slow["detection_h"]), slow
+        assert all(h <= slow["detection_predicted_h"] * 1.5 for h in slow["detection_h"]), slow
         assert abs(slow["lost_h"] - slow["lost_slowed_given_h"]) <= 0.5 * slow["lost_slowed_given_h"], slow
     evicted = {node for slow in evicting for node in slow["nodes"]}
     drained = [s for s in run["stragglers"] if s["node"] in evicted and "gone" in s]
@@ -89,7 +90,7 @@ def test_failed_jobs_requeue_keep_their_shares_and_match_the_goodput_model(tmp_p
     staying = [row["stragglers"] for row in unattended["rows"] if row["stragglers"]["met"]]
     assert staying and not any(row["stragglers"]["evicted"] for row in unattended["rows"])
     for slow in staying:
-        assert slow["slowed_h"] > slow["detection_predicted_h"] * (1 + x) * 1.5, slow  # longer than an eviction
+        assert slow["slowed_h"] > slow["detection_predicted_h"] * 1.5, slow  # longer than an eviction
         assert abs(slow["lost_h"] - slow["lost_slowed_given_h"]) <= 0.2 * slow["lost_slowed_given_h"], slow
     acted = [s for s in unattended["stragglers"] if "operator" in s]
     assert acted and all("TrainingStraggler" in s["reason_after"] for s in acted if "gone" in s), acted

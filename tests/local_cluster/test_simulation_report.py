@@ -86,11 +86,13 @@ def test_a_straggler_costs_its_slowed_steps_then_the_eviction():
     assert slow["met"] == 1 and slow["detected"] == 1 and slow["evicted"] == 1
     assert slow["slowed_h"] == pytest.approx(7.25 * SCALE / 3600)
     assert slow["lost_h"] == pytest.approx(2.25 * SCALE / 3600)  # 7.25 s for 50 steps of 0.1 s
-    # the goodput model: the detection window (500 s unslowed) x 0.5 / 1.5; the run's was in slowed steps
-    assert slow["lost_slowed_given_h"] == pytest.approx(500 / 3 / 3600)
+    # the goodput model: the detection window's 500 s of steps last 750 s run 50 % slow, longer than the 725 s
+    # this node held the model back (its first interval was a partial one): 725 x 0.5 / 1.5 lost
+    assert slow["detection_predicted_h"] == pytest.approx(750 / 3600)
+    assert slow["lost_slowed_given_h"] == pytest.approx(725 / 3 / 3600)
     assert slow["detection_h"] == [pytest.approx(6.75 * SCALE / 3600)]
     assert slow["eviction_h"] == [pytest.approx(10.6 * SCALE / 3600)]  # the save, the restart, its first step
     assert slow["drained_as"] == ["job 1: straggler: rank 1 on n2 50 % slower"]
     # 1,000 steps of wall time, 870 reached: 22.5 lost slowed, 105 to the eviction (its save and restart)
     assert row["ettr"] == pytest.approx(0.87, abs=0.005)
-    assert row["ettr_given_resumes"] == pytest.approx(1 - (500 / 3 + 1060) / 10_000)
+    assert row["ettr_given_resumes"] == pytest.approx(1 - (725 / 3 + 1060) / 10_000)
