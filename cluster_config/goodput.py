@@ -221,7 +221,7 @@ class Stragglers:
     def unattended_slow_s(self) -> float:
         """Mean time one stays unattended: until the person acts, or the run ends (it arrives uniformly)."""
         run_s, wait_s = self.days * DAY_S, self.unattended_s
-        return wait_s * (1 - wait_s / (2 * run_s)) if wait_s <= run_s else run_s / 2
+        return wait_s * (1 - wait_s / (2 * run_s)) if wait_s < run_s else run_s / 2  # equal at U = D
 
     @property
     def acted_on(self) -> float:
