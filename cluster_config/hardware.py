@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 class Gpu:
     name: str
     memory_gib: float  # nvidia-smi memory.total
-    peak_tflops: float  # dense bf16, vendor datasheet (the MFU denominator of jobs/training/metrics.py)
+    peak_tflops: float  # dense bf16, vendor datasheet (the MFU denominator of jobs/training/components/metrics.py)
     # Link rates per GPU and direction, GB/s: within the node (NVLink; PCIe where there is none) and
     # across nodes (the instance's EFA bandwidth / its GPUs). Collectives reach BUS_EFFICIENCY of them.
     node_link_gb_s: float = 0.0

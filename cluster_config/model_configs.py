@@ -8,9 +8,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from training.architecture import Architecture, ArchitectureError  # torch-free, from jobs/
+from training.models.architecture import Architecture, ArchitectureError  # torch-free, from jobs/
 from training.config import Config, ConfigError, read_config_file, set_key, validate_config
-from training.presets import resolve
+from training.models.presets import resolve
 
 from cluster_config.settings import ModelPlan, Settings, SettingsError
 
@@ -25,7 +25,7 @@ def _under_data(path: str) -> str:
 
 def architecture(settings: Settings, model: ModelPlan) -> Architecture:
     """The architecture the entry's ``preset`` names, read here at synth as the trainer reads it on the
-    cluster (training/presets.py: a shorthand, a shipped config.json by name, or an absolute path);
+    cluster (training/models/presets.py: a shorthand, a shipped config.json by name, or an absolute path);
     SettingsError naming the entry, the field and the fix."""
     where = f"cluster_config/{settings.name}.yaml models: {model.name}"
     try:

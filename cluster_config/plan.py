@@ -6,13 +6,13 @@ it reads the training config the job runs (derived from the model's entry: clust
 and works out:
 
 - tokens to train (steps x global batch x seq_len) and training FLOPs (6 x matmul parameters +
-  causal attention per token, as MFU counts them in ``jobs/training/metrics.py``);
-- its MFU, estimated from the layout (``jobs/training/throughput.py``): the compute at ``plan.mfu`` (the MFU of a
+  causal attention per token, as MFU counts them in ``jobs/training/components/metrics.py``);
+- its MFU, estimated from the layout (``jobs/training/sizing/throughput.py``): the compute at ``plan.mfu`` (the MFU of a
   step whose communication is hidden), plus the recomputation activation checkpointing adds, plus
   the communication that is not hidden (tensor parallel's, on the critical path; data parallel's
-  beyond the compute it overlaps), counted by ``jobs/training/communication.py``;
+  beyond the compute it overlaps), counted by ``jobs/training/parallel/communication.py``;
 - days and dollars to finish at that MFU, flagged when later than ``plan.deadline_days``;
-- memory per GPU from the analytic model in ``jobs/training/sizing.py``, against the GPU's memory
+- memory per GPU from the analytic model in ``jobs/training/sizing/memory.py``, against the GPU's memory
   less ``plan.memory_headroom``;
 - checkpoint size, how long one save takes at the checkpoint file system's throughput, and how far
   apart saves are; for the cluster, the space every model's checkpoints take at their peak (the
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from training.sizing import GIB, RunShape, checkpoint_bytes, memory
-from training.throughput import estimate_mfu
+from training.sizing.memory import GIB, RunShape, checkpoint_bytes, memory
+from training.sizing.throughput import estimate_mfu
 
 from cluster_config.goodput import Goodput, Stragglers, goodput, mean_nodes_down, p_no_spare, stragglers
 from cluster_config.hardware import Gpu, gpu_of
@@ -60,7 +60,7 @@ COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER = 20  # "Training Compute-Optimal Large Lan
 class Measured:
     """What the day-one acceptance run measured of each shrunk layout (named by its recipe, e.g.
     llama2-70b): MFU and peak memory, each as measured / predicted by the same models the plan uses
-    (``training.throughput`` and the dry run). The plan scales each model's estimates by its
+    (``training.sizing.throughput`` and the dry run). The plan scales each model's estimates by its
     recipe's ratios: the shrunk model's error is taken to hold for the full one."""
 
     source: str
@@ -383,7 +383,7 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                       f"goodput.failures_per_1000_node_days and goodput.recovery_s, or save more often "
                       f"(checkpoint.every_minutes in the overrides of {where})")
         return ModelRow(**row), errors, warnings
-    # The trainer names a straggler after straggler_intervals slow log intervals (training/stragglers.py).
+    # The trainer names a straggler after straggler_intervals slow log intervals (training/resilience/stragglers.py).
     row["stragglers"] = stragglers(good, settings, detect_s=train.straggler_intervals * cfg.log.interval * row["step_s"])
     deadline = settings.plan.deadline_days
     if deadline and good.days > deadline:
@@ -541,7 +541,7 @@ def format_plan(plan: Plan) -> str:
         f"{sum(r.flops for r in plan.rows):>7.2g} {'':>4} {plan.days:>5.1f} {plan.cost_per_hour_usd:>8,.0f} "
         f"{plan.cost_to_finish_usd:>11,.0f}")
     if plan.gpu and any(r.memory for r in plan.rows):
-        lines.append(f"  memory per GPU, GiB (analytic, jobs/training/sizing.py), usable {plan.usable_gib:.0f} of "
+        lines.append(f"  memory per GPU, GiB (analytic, jobs/training/sizing/memory.py), usable {plan.usable_gib:.0f} of "
                      f"{plan.gpu.memory_gib:.0f}:")
         lines.append(f"  {'model':<8} {'params':>6} {'grads':>6} {'optim':>6} {'gather':>6} {'activ':>6} "
                      f"{'trans':>6} {'total':>6}")

@@ -55,7 +55,7 @@ DATA_UPLOAD_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:AbortMultipart
 # when it runs with its documented least-privilege permissions (its CLI user policy, and the provider
 # Lambda of create_cluster: true): the policy lives under this path.
 PCLUSTER_POLICY_PATH = "/parallelcluster/"
-# The backup job (jobs/backup.sh -> training.backup) writes new objects under its model's prefix of the
+# The backup job (jobs/backup.sh -> training.checkpoints.backup) writes new objects under its model's prefix of the
 # backup bucket and aborts its own failed multipart uploads; it reads through the read-only S3Access.
 # PutObject covers CreateMultipartUpload, UploadPart and CompleteMultipartUpload. The bucket policy
 # (stacks/storage_stack.py) refuses a write without If-None-Match, so no key is ever replaced.
@@ -221,7 +221,7 @@ def data_upload_policy(data_bucket_arn: str) -> dict[str, Any]:
 
 def backup_upload_policy(backup_bucket_arn: str, models: list[str]) -> dict[str, Any]:
     """The CPU queue's write access to the backup bucket: new objects under each model's prefix
-    (training.backup writes ``<model>/...`` only), nothing at the bucket's root or any other prefix."""
+    (training.checkpoints.backup writes ``<model>/...`` only), nothing at the bucket's root or any other prefix."""
     return {
         "Version": "2012-10-17",
         "Statement": [

@@ -504,7 +504,7 @@ class ModelPlan(_Strict):
 
     name: str
     nodes: int = Field(gt=0, le=MAX_NODES)  # its share of the GPU queue, enforced by its Slurm QOS
-    # The architecture (jobs/training/presets.py): a shorthand (llama2-7b), a Hugging Face config shipped as
+    # The architecture (jobs/training/models/presets.py): a shorthand (llama2-7b), a Hugging Face config shipped as
     # jobs/training/architectures/<name>/config.json (llama3.1-8b), or an absolute path to a config.json
     # that exists at synth too (the plan sizes the model from it).
     preset: str

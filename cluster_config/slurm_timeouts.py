@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from training.sizing import checkpoint_bytes  # the training code's checkpoint size, torch-free
+from training.sizing.memory import checkpoint_bytes  # the training code's checkpoint size, torch-free
 
 from cluster_config.model_configs import architecture
 from cluster_config.settings import Settings, SettingsError

@@ -34,4 +34,4 @@ if [[ -z ${CHECKPOINT_S3_URI:-} ]]; then
 fi
 dest="${CHECKPOINT_S3_URI%/}/$MODEL"
 echo "backup of $MODEL on $(hostname): $FSX_CHECKPOINTS/$MODEL -> $dest"
-python -m training.backup "$FSX_CHECKPOINTS/$MODEL" "$dest" --logs "$FSX_LOGS/$MODEL"
+python -m training.checkpoints.backup "$FSX_CHECKPOINTS/$MODEL" "$dest" --logs "$FSX_LOGS/$MODEL"

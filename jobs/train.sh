@@ -39,7 +39,7 @@
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
 # MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 requeues after
-# failures within 24 h; see training/recovery.py),
+# failures within 24 h; see training/resilience/recovery.py),
 # CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup),
 # TRAIN_LAUNCHER (a command, split on spaces, that each node runs with the trainer's arguments instead
 # of torchrun + training.train: the goodput simulation's torch-free stand-in, docs/goodput.md).
@@ -128,7 +128,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $MODEL on ${SLURM_NNODES} nodes x ${NPROC_PER_NODE}" \
   "workers ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$RDZV_PORT, config $used_config, arguments: ${*:-none}"
-python -m training.recovery start "$LOG_DIR"  # a "launch" event with SLURM_RESTART_COUNT in metrics.jsonl
+python -m training.resilience.recovery start "$LOG_DIR"  # a "launch" event with SLURM_RESTART_COUNT in metrics.jsonl
 
 # Hang evidence: the collectives flight recorder (NCCL on GPUs, gloo on CPUs) keeps each rank's last
 # collectives; the progress watchdog dumps it with the Python stacks, and NCCL itself dumps it to
@@ -198,7 +198,7 @@ if ((cancelled)) || [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *J
   exit "$rc"
 fi
 # complete | requeue | user-error | give-up, with the reason on stderr and an event in metrics.jsonl.
-action="$(python -m training.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
+action="$(python -m training.resilience.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
 case $action in
   requeue)
     # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored

@@ -32,7 +32,7 @@ ENTRY_POINTS = [
     (PY + ["data_pipeline.megatron_export", "x"], "the following arguments are required: prefix — see"),
     (PY + ["training.train", "train.stpes=5"], "unknown config key 'train.stpes'; remove it or fix the spelling"),
     (PY + ["training.train", "--confg", "x.yaml"], "unrecognized arguments: --confg — see python -m training.train --help"),
-    (PY + ["training.backup", "/nonexistent", "s3://bucket/x"], "/nonexistent/latest does not exist — check the folder"),
+    (PY + ["training.checkpoints.backup", "/nonexistent", "s3://bucket/x"], "/nonexistent/latest does not exist — check the folder"),
     (PY + ["training.plot", "/nonexistent/metrics.jsonl", "--out", "x.png"], "— pass the metrics.jsonl of a run"),
     (PY + ["training.dry_run", "model1", "--jobs-dir", "/nonexistent"],
      "no /nonexistent/models/cluster.json — write one with python -m cluster_config jobs --env ENV --out DIR"),

@@ -81,6 +81,69 @@ def test_no_import_cycle_in_the_projects_packages():
     assert cycles(graph) == [], "modules that import each other (directly or through others): break the circle"
 
 
+# The training package's layers, lowest first (jobs/training/__init__.py says the same): a module imports
+# only from its own layer or those below. A module is in the layer of the longest name that prefixes it.
+TRAINING_LAYERS = [
+    ("torch-free foundations", {"training.config", "training.cluster", "training.models.architecture",
+                                "training.models.presets", "training.parallel.communication", "training.sizing",
+                                "training.resilience.straggler_rule", "training.resilience.node_suspect"}),
+    ("the trainer's parts", {"training.models", "training.parallel", "training.checkpoints", "training.components",
+                             "training.resilience"}),
+    ("the trainer", {"training.train"}),
+    ("tools beside it", {"training.preflight", "training.status", "training.plot", "training.export_hf",
+                         "training.dry_run", "training.layout_check"}),
+]
+
+
+def layer_of(module: str) -> int | None:
+    best = None
+    for number, (_, prefixes) in enumerate(TRAINING_LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+                best = (number, prefix)
+    return best and best[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a lower layer into a higher one, as "importer (layer) -> imported (layer)"."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            low, high = layer_of(module), layer_of(target)
+            if low is not None and high is not None and high > low:
+                found.append(f"{module} ({TRAINING_LAYERS[low][0]}) -> {target} ({TRAINING_LAYERS[high][0]})")
+    return found
+
+
+def test_every_training_module_has_a_layer():
+    training = [m for m in modules() if m.startswith("training.")]
+    assert len(training) > 30
+    assert [m for m in training if layer_of(m) is None] == [], "place the new module in TRAINING_LAYERS"
+
+
+def test_training_imports_only_downward():
+    assert upward_imports(import_graph(modules())) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward_imports({"training.config": {"training.train"}, "training.train": {"training.config"}}) == [
+        "training.config (torch-free foundations) -> training.train (the trainer)"]
+    assert upward_imports({"training.models.llama": {"training.models.presets"}}) == []
+
+
+def test_the_torch_free_layer_imports_without_torch():
+    """The cluster settings and the plan import the first layer on a laptop without PyTorch."""
+    import subprocess
+    import sys
+
+    names = [m for m in modules() if layer_of(m) == 0]
+    code = (f"import importlib, sys\nfor name in {names!r}:\n    importlib.import_module(name)\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    env = {"PYTHONPATH": str(ROOT / "jobs"), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_the_detector_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

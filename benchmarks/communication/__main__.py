@@ -9,7 +9,7 @@ FFN, vocabulary, seq_len, the recipe's micro-batch) but 1 and 2 decoder layers, 
 under FakeTensorMode: no memory, no GPU (benchmarks/communication/measure.py). Every collective is
 recorded with its kind, mesh dimension (tp, dp_shard, dp_replicate) and size. Reported per layout:
 collectives per decoder layer per micro-batch by kind and dimension, and bytes per GPU per step of the
-whole model (ring traffic), each beside the analytic minimum (jobs/training/communication.py) and
+whole model (ring traffic), each beside the analytic minimum (jobs/training/parallel/communication.py) and
 their ratio, tensor-parallel and data-parallel apart. Writes JSON (default
 benchmarks/results/communication.json).
 """

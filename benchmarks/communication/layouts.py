@@ -1,4 +1,4 @@
-"""Measured collectives of each production layout against the analytic minimum (training.communication).
+"""Measured collectives of each production layout against the analytic minimum (training.parallel.communication).
 
 A layout is measured with 1 and 2 decoder layers: the difference is one decoder layer's collectives,
 the 1-layer model less that layer what the rest does (embedding, output projection, loss). Where
@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 
 from cluster_config.model_jobs import bundled_cluster
-from training.communication import Traffic, layer_traffic, recomputed_layers, step_traffic
+from training.parallel.communication import Traffic, layer_traffic, recomputed_layers, step_traffic
 from training.dry_run import DEFAULT_VOCAB, load_model_config, production_setup
-from training.presets import resolve
+from training.models.presets import resolve
 
 from .measure import PHASES, Phase, measure
 

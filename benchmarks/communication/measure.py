@@ -21,10 +21,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from training import distributed
-from training.communication import Traffic
+from training.parallel import distributed
+from training.parallel.communication import Traffic
 from training.dry_run import fake_dist
-from training.models import compute_loss, hf_config
+from training.models.llama import compute_loss, hf_config
 from training.train import build
 
 _C10D = {  # process-group ops (FSDP2, DDP, torch.distributed calls)

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from cli import ArgumentParser  # noqa: E402
 from training.export_hf import weight_shapes  # noqa: E402
-from training.models import hf_config  # noqa: E402
+from training.models.llama import hf_config  # noqa: E402
 
 PRESET, SEQ_LEN = "small", 128
 TARGETS = {"llama2-70b": 32000, "llama3.1-70b": 128256}  # the 70B models and their tokenizers' vocabularies
@@ -44,7 +44,7 @@ MEASURE = """
 import json, sys
 from pathlib import Path
 from training.export_hf import write_weights
-from training.models import hf_config
+from training.models.llama import hf_config
 
 def status(field):
     line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))

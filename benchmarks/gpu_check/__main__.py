@@ -111,14 +111,14 @@ def plan(jobs_dir: Path, cpu: bool) -> list[dict]:
 
 
 def _parameters(preset: str) -> int:
-    from training.presets import resolve
+    from training.models.presets import resolve
 
     arch = resolve(preset)
     return arch.parameters(arch.vocab or 32000)
 
 
 def _layers(preset: str) -> int:
-    from training.presets import resolve
+    from training.models.presets import resolve
 
     return resolve(preset).layers
 

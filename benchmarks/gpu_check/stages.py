@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training import distributed
+from training.parallel import distributed
 from training.config import load_config, read_config_file
-from training.models import flops_per_token, hf_config
+from training.models.llama import flops_per_token, hf_config
 
 GIB = 2**30
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def environment(args: dict) -> dict:
 
 def flight_recorders(args: dict, gpu: bool, d, r: dict, why: dict) -> None:
     """Both flight recorders, as the watchdog dumps them: which collectives each holds."""
-    from training import watchdog
+    from training.resilience import watchdog
 
     folder = Path(args["work"]) / "fr"
     folder.mkdir(parents=True, exist_ok=True)
@@ -179,7 +179,7 @@ def attention_kernels(args: dict, gpu: bool, d, r: dict, why: dict) -> None:
     backward), and whether its backward repeats bit for bit, with and without deterministic algorithms."""
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-    from training.determinism import set_determinism
+    from training.components.determinism import set_determinism
 
     device = torch.device("cuda" if gpu else "cpu")
     dtype = torch.bfloat16 if gpu else torch.float32
@@ -343,7 +343,7 @@ def layout_rank0(args: dict) -> dict:
 
     from training.dry_run import load_model_config
     from training.layout_check import Steps, predicted_memory, synthetic_batches
-    from training.models import compute_loss
+    from training.models.llama import compute_loss
 
     gpu = on_gpu(args)
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
@@ -373,7 +373,7 @@ def layout_rank0(args: dict) -> dict:
             row.update(first_step_s=times[0], steady_step_s=statistics.median(times[1:] or times))
             if gpu:
                 row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / GIB
-            # The first evaluation compiles every layer again, for eval mode (training/evaluate.py).
+            # The first evaluation compiles every layer again, for eval mode (training/components/evaluate.py).
             batch = next(batches)
             evals = []
             stepper.model.eval()
@@ -388,7 +388,7 @@ def layout_rank0(args: dict) -> dict:
             rank_flops = flops_per_token(model_config, cfg.data.seq_len) * tokens / cfg.train.tensor_parallel
             row["rank_tflop_per_step"] = rank_flops / 1e12
             if gpu:
-                from training.metrics import peak_flops
+                from training.components.metrics import peak_flops
 
                 peak = peak_flops(device)
                 row["compute_mfu"] = rank_flops / row["steady_step_s"] / peak if peak else None

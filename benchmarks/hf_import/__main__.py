@@ -1,6 +1,6 @@
 """Bytes each rank reads of released weights (model.init_from) and prod's import times, 70B's among them.
 
-Released weights are read by training/hf_weights.py, each rank its own slices.
+Released weights are read by training/models/hf_weights.py, each rank its own slices.
 
     .venv/bin/python -m benchmarks.hf_import [--hidden 256] [--out benchmarks/results/hf_import.json]
 
@@ -36,10 +36,10 @@ from cluster_config.model_jobs import bundled_cluster  # noqa: E402
 from cluster_config.settings import load_settings  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset  # noqa: E402
-from training import distributed  # noqa: E402
+from training.parallel import distributed  # noqa: E402
 from training.dry_run import fake_dist, load_model_config, production_setup  # noqa: E402
-from training.models import build_model, canonical_name, count_parameters, hf_config  # noqa: E402
-from training.presets import resolve  # noqa: E402
+from training.models.llama import build_model, canonical_name, count_parameters, hf_config  # noqa: E402
+from training.models.presets import resolve  # noqa: E402
 
 CONFIG = REPO / "jobs/training/configs/tiny.yaml"
 LAYOUTS = {"ddp": ["train.parallelism=ddp"], "fsdp": ["train.parallelism=fsdp"],

@@ -7,11 +7,11 @@ import json
 import sys
 import time
 
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import load_model_config
-from training.hf_weights import load
-from training.models import hf_config
-from training.presets import resolve
+from training.models.hf_weights import load
+from training.models.llama import hf_config
+from training.models.presets import resolve
 from training.train import build
 
 folder, layouts, config, out = json.loads(sys.argv[1])

@@ -1,4 +1,4 @@
-"""Cost of the replica-consistency sentinel (training/replicas.py) for prod's replicated models.
+"""Cost of the replica-consistency sentinel (training/resilience/replicas.py) for prod's replicated models.
 
     .venv/bin/python -m benchmarks.replica_check [--gib 4] [--out benchmarks/results/replica_check.json]
 
@@ -26,8 +26,8 @@ import torch  # noqa: E402
 from cli import ArgumentParser  # noqa: E402
 from cluster_config.model_jobs import bundled_cluster  # noqa: E402
 from training.dry_run import load_model_config, production_setup  # noqa: E402
-from training.models import build_model, count_parameters, flops_per_token, hf_config  # noqa: E402
-from training.replicas import parameter_sums  # noqa: E402
+from training.models.llama import build_model, count_parameters, flops_per_token, hf_config  # noqa: E402
+from training.resilience.replicas import parameter_sums  # noqa: E402
 
 TARGET = 0.005  # of step time
 PEAK_FLOPS = {"cuda": 989e12}  # H100/H200 dense bf16; the plan's MFU applies to it

@@ -1,4 +1,4 @@
-"""Noise of the straggler probe (training/stragglers.py), the figure its margin is chosen from.
+"""Noise of the straggler probe (training/resilience/stragglers.py), the figure its margin is chosen from.
 
     .venv/bin/python -m benchmarks.straggler_probe [--samples 400] [--out benchmarks/results/straggler_probe.json]
 
@@ -24,7 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "jobs")]
 import torch  # noqa: E402
 from cli import ArgumentParser  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.stragglers import probe  # noqa: E402
+from training.resilience.stragglers import probe  # noqa: E402
 
 RANKS, DAYS, INTERVAL_S = 640, 14, 100  # prod: 640 GPUs for two weeks, a log line every ~100 s
 

@@ -1,6 +1,6 @@
 """Checkpoint blocking time: asynchronous saves (ours) vs synchronous saves of the same state.
 
-A real model + AdamW state in one process on CPU, saved with training.checkpoint.Checkpointer to a
+A real model + AdamW state in one process on CPU, saved with training.checkpoints.checkpointer.Checkpointer to a
 local folder, both ways, several times. For an async save the blocked time is what ``save`` costs
 the training loop (waiting for the previous save, then copying the state to memory); training
 steps run while the write finishes in the background, and the step time during that window is
@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from training import distributed
-from training.checkpoint import Checkpointer
-from training.models import build_model, init_weights
-from training.optim import build_optimizer
+from training.parallel import distributed
+from training.checkpoints.checkpointer import Checkpointer
+from training.models.llama import build_model, init_weights
+from training.components.optim import build_optimizer
 from training.config import OptimConfig
 
 

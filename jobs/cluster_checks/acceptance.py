@@ -585,20 +585,20 @@ def _last_line(text: str) -> str:
 # --- each production layout, shrunk: checks from plain numbers -----------------------------------
 # A function per check; ``layout_checks`` maps DIR/layouts/<name>.json onto them. ``None`` is "not recorded".
 
-INIT_SOURCE = ("jobs/training/models.py init_weights: matrices ~ N(0, 0.02), residual outputs 0.02 / sqrt(2 x layers), "
+INIT_SOURCE = ("jobs/training/models/llama.py init_weights: matrices ~ N(0, 0.02), residual outputs 0.02 / sqrt(2 x layers), "
                "each drawn from its own (seed, name) generator")
 DISTINCT_SOURCE = "tests/training/test_init_weights.py: no two parameters nor two shards are equal"
 LOSS_SOURCE = "training from random init: cross-entropy starts near ln(vocab) and falls within tens of steps"
 GRAD_SOURCE = "jobs/training/train.py clips by the global grad norm (optim.grad_clip): a non-finite norm is a lost step"
 MEMORY_SOURCE = ("jobs/training/dry_run.py prediction at the same layout and world size: at most 10 % above it "
                  "(acceptance criterion), at most 25 % below (compiled layers keep less than the eager dry run)")
-MFU_SOURCE = ("MFU as jobs/training/metrics.py computes it (tokens/s per GPU x FLOPs/token / dense bf16 peak, "
+MFU_SOURCE = ("MFU as jobs/training/components/metrics.py computes it (tokens/s per GPU x FLOPs/token / dense bf16 peak, "
               "989 TFLOP/s for H100/H200); expected: cluster_config/plan.py estimate_mfu")
 COMPILE_SOURCE = "train.compile (torch.compile per decoder layer) must not change the numerics beyond bf16 rounding"
-RECOVERY_SOURCE = ("jobs/training/checkpoint.py + recovery.py: a killed rank requeues and resumes exactly "
+RECOVERY_SOURCE = ("jobs/training/checkpoints/checkpointer.py + recovery.py: a killed rank requeues and resumes exactly "
                    "(tests/training/test_resume.py on CPU)")
 STALL_SOURCE = ("jobs/training/config.py train.timeout_s (collective timeout after the first step), "
-                "jobs/training/watchdog.py")
+                "jobs/training/resilience/watchdog.py")
 
 
 def _finite(values: Sequence[float]) -> bool:
@@ -664,7 +664,7 @@ def grad_norm_finite(layout: str, grad_norms: Optional[Sequence[float]]) -> Chec
 
 def peak_memory(layout: str, peak_gib: Optional[float], predicted_gib: Optional[float], oom: bool = False) -> Check:
     """Peak GPU memory vs the dry run. Compare like with like: torch.cuda.max_memory_allocated (what
-    training/metrics.py logs) against the dry run's peak less its ``runtime`` category (CUDA context
+    training/components/metrics.py logs) against the dry run's peak less its ``runtime`` category (CUDA context
     and NCCL buffers, outside torch's allocator)."""
     name = f"layout {layout}: peak GPU memory vs dry run"
     band = f"-{MEMORY_CONSERVATIVE:.0%} to +{MEMORY_TOLERANCE:.0%}"
@@ -746,7 +746,7 @@ def recovery(scope: str, recovered: Optional[bool], reference: Optional[Mapping[
     differ = sorted({s for s in common if reference[s] != resumed[s]} | set(other_data))
     if not recovered:
         why = ("the job did not resume on its own: first read its failure file and jobs/train.sh's requeue decision "
-               "(training/recovery.py) in the job's log")
+               "(training/resilience/recovery.py) in the job's log")
     elif not common:
         why = "the resumed run logged none of the reference run's steps: compare the steps each logged"
     elif other_data:

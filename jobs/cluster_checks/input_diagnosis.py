@@ -34,7 +34,7 @@ import torch
 from cli import ArgumentParser, fail
 from data_pipeline.isolation import measure as measure_loader
 from data_pipeline.loader import DatasetError, TokenLoader
-from training import distributed
+from training.parallel import distributed
 from training.config import ConfigError, load_config
 from training.train import train
 

@@ -9,7 +9,7 @@ metrics, their labels and meaning. The sources are what outlives a job:
 
 - the jobs bundle's ``models/cluster.json`` (training/cluster.py): the models, the deadline, the
   stall floor, the spare nodes; without one, the models are the folders in ``--logs``;
-- ``<logs>/<model>/metrics.jsonl``: the trainer's records and training/recovery.py's events, read
+- ``<logs>/<model>/metrics.jsonl``: the trainer's records and training/resilience/recovery.py's events, read
   incrementally (each round reads only what was appended since the last; of the records only the
   last few are parsed), so a long log costs little; the config its newest run logged
   (``<model>_<job>.err``, read the same way), else the job's ``models/<model>.yaml``;

@@ -21,7 +21,7 @@ import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-from .config import ConfigError
+from training.config import ConfigError
 
 CLUSTER_FILE = "models/cluster.json"  # under the jobs folder
 BUNDLE = Path(__file__).resolve().parents[1]  # the jobs folder this package is part of
@@ -51,7 +51,7 @@ class Cluster:
     peak_tflops: float | None  # dense bf16 of the GPU (the MFU denominator)
     node_link_gb_s: float  # per GPU and direction: within a node (NVLink), across nodes (0: unknown)
     network_gb_s: float
-    plan_mfu: float  # the plan's MFU with communication hidden (training.throughput's compute_mfu)
+    plan_mfu: float  # the plan's MFU with communication hidden (training.sizing.throughput's compute_mfu)
     fsx_expected_mb_s: str  # provisioned MB/s per FSx mount, "/fsx/data=7031.2,..." (jobs/fsx_perf.sh)
     stall_floor_s: float  # the shortest silence that counts as a stall (settings alerts.stall_floor_s)
     models: dict[str, ModelJob]

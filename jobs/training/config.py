@@ -18,8 +18,8 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .architecture import ArchitectureError
-from .presets import resolve  # torch-free: the cluster settings check configs with this module
+from training.models.architecture import ArchitectureError
+from training.models.presets import resolve  # torch-free: the cluster settings check configs with this module
 
 
 MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/<model>.yaml, derived from the settings
@@ -54,7 +54,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    preset: str = Field("tiny", description="the architecture: a shorthand (training/presets.py), a Hugging Face "
+    preset: str = Field("tiny", description="the architecture: a shorthand (training/models/presets.py), a Hugging Face "
                         "config shipped in jobs/training/architectures/ by its folder's name (llama3.1-8b), or an "
                         "absolute path to a config.json or its folder")
     vocab_size: int = Field(0, ge=0, description="0: the architecture's vocabulary if its config.json gives one, "
@@ -121,7 +121,7 @@ class TrainConfig(_Section):
     async_tp: bool = Field(False, description="tensor parallel: overlap its all-gathers and reduce-scatters with the "
                            "matmuls (torch.compile's micro-pipeline pass, symmetric memory over NVLink; GPU only)")
     seed: int = Field(0, description="weight-initialization seed")
-    deterministic: bool = Field(False, description="deterministic kernels (training/determinism.py): a resumed run "
+    deterministic: bool = Field(False, description="deterministic kernels (training/components/determinism.py): a resumed run "
                                 "repeats an uninterrupted one's losses bit for bit on GPU too. Costs speed: no cuDNN "
                                 "attention, flash attention's slower deterministic backward, a fixed cuBLAS "
                                 "workspace, DDP's all-reduce one parameter at a time; off for training, on in the "
@@ -131,16 +131,16 @@ class TrainConfig(_Section):
     watchdog_floor_s: float = Field(180, gt=0, description="progress watchdog: shortest window without a step")
     watchdog_factor: float = Field(10, gt=0, description="progress watchdog: window = this x the median step time")
     straggler_margin: float = Field(0.10, gt=0, description="a rank whose probe (a fixed matmul on its device, timed "
-                                    "each log interval: training/stragglers.py) is this much over the median is slow")
+                                    "each log interval: training/resilience/stragglers.py) is this much over the median is slow")
     straggler_intervals: int = Field(5, gt=0, description="log intervals in a row the same rank must be slow to be "
                                      "reported as a straggler (a straggler event and a warning naming rank and node)")
     straggler_evict: Optional[bool] = Field(
         None, description="a reported straggler's node is taken out: every rank saves a checkpoint, the straggler's "
-        "node is reported to the epilog (drained with the evidence, training/node_suspect.py) and the run exits to be "
+        "node is reported to the epilog (drained with the evidence, training/resilience/node_suspect.py) and the run exits to be "
         "requeued onto other nodes, counting against the retry budget; false: reported only. Default: on GPU (the "
         "margin comes from a GPU's measured noise), off on CPU (ranks sharing cores fall far behind with nothing wrong)")
     replica_check_every: int = Field(50, ge=0, description="DDP and HSDP: every n steps and before every checkpoint, "
-                                     "the copies of each parameter compare their bits (training/replicas.py): silent "
+                                     "the copies of each parameter compare their bits (training/resilience/replicas.py): silent "
                                      "data corruption stops the run before it saves; 0: off")
 
 
@@ -153,7 +153,7 @@ class CheckpointConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(0, ge=0, description="steps between validation-loss evaluations (training/evaluate.py); 0: none")
+    every: int = Field(0, ge=0, description="steps between validation-loss evaluations (training/components/evaluate.py); 0: none")
     batches: int = Field(0, ge=0, description="micro-batches per rank per evaluation; 0: the rank's whole share")
     path: str = Field("", description="held-out token shards; default: <data.path>/val (tokenize --val-fraction)")
 

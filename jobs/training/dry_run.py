@@ -45,11 +45,11 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from cli import ArgumentParser, fail
 
-from . import distributed
-from .cluster import Cluster, add_arguments, load_cluster
-from .config import Config, ConfigError, load_config, read_config_file
-from .models import hf_config
-from .presets import resolve
+from training.parallel import distributed
+from training.cluster import Cluster, add_arguments, load_cluster
+from training.config import Config, ConfigError, load_config, read_config_file
+from training.models.llama import hf_config
+from training.models.presets import resolve
 
 GIB = 1024**3
 # CUDA context, library workspaces and NCCL's buffers, outside torch's allocator. Measured on one H100
@@ -163,8 +163,8 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .models import compute_loss
-    from .train import build
+    from training.models.llama import compute_loss
+    from training.train import build
 
     start = time.perf_counter()
     accum = cfg.grad_accum_steps(world_size)
@@ -296,10 +296,10 @@ def _attention_workspace(model_config, cfg: Config) -> int:
 
 _MEASURE = r"""
 import json, os, resource, sys, torch, torch.distributed as dist
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import load_model_config
-from training.models import hf_config
-from training.models import compute_loss
+from training.models.llama import hf_config
+from training.models.llama import compute_loss
 from training.train import build
 
 args = json.loads(sys.argv[1])

@@ -47,9 +47,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerFast
 from transformers.utils.hub import convert_file_size_to_int
 
-from .architecture import ArchitectureError
-from .checkpoint import LATEST, META, STEP_DIR
-from .models import build_model, hf_config
+from training.models.architecture import ArchitectureError
+from training.checkpoints.checkpointer import LATEST, META, STEP_DIR
+from training.models.llama import build_model, hf_config
 
 log = logging.getLogger("training.export_hf")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -46,16 +46,16 @@ from cluster_checks.acceptance import FAIL, PASS, Check, Report
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from . import distributed
-from .cluster import load_cluster
-from .config import Config, ConfigError, read_config_file, set_key
-from .dry_run import DEFAULT_VOCAB, load_model_config
-from .metrics import peak_flops
-from .models import RESIDUAL_OUTPUTS, canonical_name, flops_per_token, hf_config
-from .architecture import ArchitectureError
-from .presets import resolve
-from .throughput import estimate_mfu
-from .train import Trainer, build
+from training.parallel import distributed
+from training.cluster import load_cluster
+from training.config import Config, ConfigError, read_config_file, set_key
+from training.dry_run import DEFAULT_VOCAB, load_model_config
+from training.components.metrics import peak_flops
+from training.models.llama import RESIDUAL_OUTPUTS, canonical_name, flops_per_token, hf_config
+from training.models.architecture import ArchitectureError
+from training.models.presets import resolve
+from training.sizing.throughput import estimate_mfu
+from training.train import Trainer, build
 
 log = logging.getLogger("training.layout_check")
 GIB = 1024**3
@@ -290,7 +290,7 @@ def predicted_memory(cfg: Config, layers: int, world_size: int, gpu_memory_gib: 
 
 
 def planned_step(cfg: Config, layers: int, world_size: int) -> dict:
-    """The plan's step of this shrunk layout (``training.throughput``, the planner's formula) with this cluster's
+    """The plan's step of this shrunk layout (``training.sizing.throughput``, the planner's formula) with this cluster's
     GPU peak, links and compute MFU (the jobs bundle's models/cluster.json): what the measured MFU is held to."""
     cluster = load_cluster()
     if not cluster.peak_tflops:
@@ -360,7 +360,7 @@ def measure(cfg: Config, d: distributed.Dist, layers: int, *, warmup: int, compi
     if r["peak_flops"] is None:
         why["peak_flops"] = why["mfu"] = ("no GPU: MFU is against a GPU's dense bf16 peak" if not d.on_gpu else
                                           f"peak FLOP/s of {torch.cuda.get_device_name(d.device)} unknown "
-                                          "(training/metrics.py PEAK_BF16_FLOPS)")
+                                          "(training/components/metrics.py PEAK_BF16_FLOPS)")
     else:
         r["mfu"] = r["tokens_per_s_per_gpu"] * r["flops_per_token"] / r["peak_flops"]
     init_std = {}
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the other train.compile setting from the same init (default: on GPU only)")
     parser.add_argument("--compile-steps", type=int, default=4, help="steps compared compiled vs eager (default 4)")
     parser.add_argument("--expected-mfu", type=float, help="the MFU the check holds the run to (0-1); default on GPU: "
-                        "the plan's formula (training.throughput) for this shrunk layout on this cluster")
+                        "the plan's formula (training.sizing.throughput) for this shrunk layout on this cluster")
     parser.add_argument("--name", help="the layout's name: <out>/<name>.json (default: the recipe's or preset's)")
     parser.add_argument("--out", default="layout_check", help="folder for the JSON (default ./layout_check)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")

@@ -31,7 +31,7 @@ from data_pipeline.loader import DatasetError, check_compatible, read_dataset_me
 from data_pipeline.shards import token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from training.config import MODEL_CONFIGS, ConfigError, load_config
-from training.presets import resolve
+from training.models.presets import resolve
 
 # How long preflight waits for the W&B host to accept a connection.
 TRACKER_CONNECT_TIMEOUT_S = 5

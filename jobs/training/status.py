@@ -193,7 +193,7 @@ def backup_state(logs: Path, model: str, run_status: str, latest: str = "-") -> 
                 if step and step.group(0) != latest:
                     return f"older: {step.group(0)}"
                 return "verified"
-            if "training.backup" in line and "ERROR" in line or "BackupError" in line:
+            if "training.checkpoints.backup" in line and "ERROR" in line or "BackupError" in line:
                 return "FAILED"
     return "not yet" if run_status == "complete" else "-"
 

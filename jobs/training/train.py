@@ -26,17 +26,21 @@ from cli import ArgumentParser, fail
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from . import distributed, hf_weights, node_suspect, replicas, stragglers
-from .checkpoint import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
-from .config import Config, ConfigError, config_keys, load_config
-from .determinism import set_determinism
-from .evaluate import Evaluator
-from .metrics import Metrics
-from .models import allocate, build_model, compute_loss, count_parameters, flops_per_token, hf_config, init_weights
-from .optim import build_optimizer, lr_at, set_lr
-from .presets import resolve
-from .signals import StopRequest
-from .watchdog import ProgressWatchdog
+from training.parallel import distributed
+
+from training.models import hf_weights
+
+from training.resilience import node_suspect, replicas, stragglers
+from training.checkpoints.checkpointer import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
+from training.config import Config, ConfigError, config_keys, load_config
+from training.components.determinism import set_determinism
+from training.components.evaluate import Evaluator
+from training.components.metrics import Metrics
+from training.models.llama import allocate, build_model, compute_loss, count_parameters, flops_per_token, hf_config, init_weights
+from training.components.optim import build_optimizer, lr_at, set_lr
+from training.models.presets import resolve
+from training.resilience.signals import StopRequest
+from training.resilience.watchdog import ProgressWatchdog
 
 log = logging.getLogger("training")
 

@@ -13,7 +13,7 @@ What, two kinds (Llama 3's interruptions were mostly GPUs, some whole hosts):
              health check; here that detection is immediate. Slurm requeues the job (node failure).
   fail_gpu   a GPU fails (an Xid): the job's tasks on the node die, its slurmd lives on and the node's
              health check fails from now on (local_cluster/health_check.sh's marker). The job's other
-             ranks fail, srun ends the step (--kill-on-bad-exit), jobs/train.sh asks training.recovery
+             ranks fail, srun ends the step (--kill-on-bad-exit), jobs/train.sh asks training.resilience.recovery
              and requeues, and the epilog's health check drains the node.
 Either way the stand-in for clustermgtd (local_cluster/stand_ins/clustermgtd.py) replaces the node.
 

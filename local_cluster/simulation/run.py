@@ -8,7 +8,7 @@
 Each model's job is its own jobs/train_<model>.sh from the jobs bundle the head node installed, run
 with jobs/train.sh's ``TRAIN_LAUNCHER`` seam set to the torch-free stand-in trainer
 (local_cluster/stand_ins/trainer.py). Slurm, the accounts and QOS, the job script, its recovery
-(training.recovery, ``scontrol requeue``; Slurm's own requeue after a node failure) and the prolog and
+(training.resilience.recovery, ``scontrol requeue``; Slurm's own requeue after a node failure) and the prolog and
 epilog health checks are the real ones; clustermgtd is a stand-in too. Time is compressed by
 ``Scenario.scale`` (simulated seconds per wall second): the plan's step and save times, the replacement
 time and the failure and straggler rates are scaled; what the local cluster itself takes (Slurm's requeue hold and

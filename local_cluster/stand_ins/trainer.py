@@ -12,7 +12,7 @@ a restart see of the trainer, in compressed time (``SIM_TIME_SCALE`` simulated s
   not add up; saves every ``checkpoint.every`` steps (and after ``checkpoint.every_minutes`` simulated
   minutes) in the background: the checkpoint commits ``SIM_SAVE_S`` later and training goes on
   meanwhile, one save in flight at most; the final save waits. Checkpoint rules as in
-  ``training/checkpoint.py``: ``step_<8 digits>/``, complete once ``.metadata`` and ``train_meta.json``
+  ``training/checkpoints/checkpointer.py``: ``step_<8 digits>/``, complete once ``.metadata`` and ``train_meta.json``
   exist, ``latest`` replaced last, ``checkpoint.keep`` complete ones kept, older unfinished ones removed;
 - ``metrics.jsonl`` gets the trainer's lines: events ``start``, ``complete``, ``stopped``, and every
   ``log.interval`` steps a line with step, loss, step time ... and ``time``; ``STATUS`` is written at
@@ -26,11 +26,11 @@ a restart see of the trainer, in compressed time (``SIM_TIME_SCALE`` simulated s
   ``$SIM_SLOW_MARKERS/<node>``. Each rank's probe is ``1 + x`` of its node (1 without a marker); rank 0
   reads its ranks' markers whenever the folder changes (one stat a step) and paces every step at the
   slowest rank's probe, as a synchronous step waits for its slowest rank. Each log interval it applies
-  ``training/stragglers.py``'s rule to the probes (``slowest_rank``, ``slowest_excess_pct`` in the line):
+  ``training/resilience/stragglers.py``'s rule to the probes (``slowest_rank``, ``slowest_excess_pct`` in the line):
   a rank over ``train.straggler_margin`` for ``train.straggler_intervals`` intervals in a row is a
   straggler (a ``straggler`` event). With ``train.straggler_evict`` (unset: on, the GPUs stood in for)
   it then does what the trainer does: saves synchronously, has the straggler's rank report its node to
-  the epilog (training/node_suspect.py: drained with the reason), writes the reason to
+  the epilog (training/resilience/node_suspect.py: drained with the reason), writes the reason to
   ``TRAIN_FAILURE_FILE`` and an ``evict`` event, and every rank exits 1 for jobs/train.sh to requeue.
 
 Times in the files are wall-clock seconds, as the real trainer's are; the simulation converts them.
@@ -151,7 +151,7 @@ def receive(conn: socket.socket, size: int) -> bytes:
 
 def report_node(why: str) -> None:
     """This rank's node to be drained by the epilog, with ``why`` (the trainer's own report)."""
-    from training import node_suspect  # the bundle's, torch-free
+    from training.resilience import node_suspect  # the bundle's, torch-free
 
     node_suspect.report(why)
 
@@ -272,7 +272,7 @@ class Probes:
 
 
 class Checkpoints:
-    """training/checkpoint.py's layout and rules, with nothing in the folders but the markers."""
+    """training/checkpoints/checkpointer.py's layout and rules, with nothing in the folders but the markers."""
 
     def __init__(self, directory: Path, keep: int, world: int):
         self.dir, self.keep, self.world = directory, keep, world
@@ -341,7 +341,7 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
 
     peers = Peers(world, port, float(cfg.train.init_timeout_s), stop)
     probes = Probes(slow_markers, peers.hosts)
-    from training.straggler_rule import Streak  # the trainer's rule, torch-free
+    from training.resilience.straggler_rule import Streak  # the trainer's rule, torch-free
 
     detector = Streak(cfg.train.straggler_margin, cfg.train.straggler_intervals)
     evicts = cfg.train.straggler_evict is not False  # unset: on, as on the GPUs the simulation stands in for

@@ -15,7 +15,7 @@ import pytest
 from cluster_config.render import ClusterResources, render_cluster_config
 from tests.fsx_link import links_of
 from tests.s3_server import FAKE_AWS_ENV, s3_server
-from training.backup import backup
+from training.checkpoints.backup import backup
 
 STEP = "step_00000300"
 

@@ -12,8 +12,8 @@ import yaml
 from cluster_config.hardware import gpu_of
 from cluster_config.model_configs import model_config
 from cluster_config.plan import PlanError, build_plan, check_plan, format_plan, read_measured
-from training.presets import ARCHITECTURES, PRESETS, resolve
-from training.throughput import estimate_mfu
+from training.models.presets import ARCHITECTURES, PRESETS, resolve
+from training.sizing.throughput import estimate_mfu
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings
 from stacks.app import settings_for
 
@@ -98,7 +98,7 @@ def test_cli_fsx_expected_prints_provisioned_throughput_per_mount():
     assert out.strip() == "/fsx/data=7031.2,/fsx/checkpoints=7031.2,/fsx/logs=2343.8"
 
 
-# --- time, cost, memory and checkpoints (the analytic sizing: jobs/training/sizing.py) -------------
+# --- time, cost, memory and checkpoints (the analytic sizing: jobs/training/sizing/memory.py) -------------
 
 def prod_with(tmp_path, write_env, model: str, overrides: dict | None = None, **entry) -> Settings:
     """prod's settings with one model's entry changed: its keys, and training-config ``overrides``."""
@@ -314,7 +314,7 @@ def acceptance_report(tmp_path, mfu_ratio: float, memory_ratio: float):
     """The two checks of one shrunk layout that the plan reads, as cluster_checks.acceptance writes them."""
     from cluster_checks.acceptance import Report, mfu, peak_memory
 
-    expected = 0.312  # the plan's estimate for the shrunk layout (training.throughput)
+    expected = 0.312  # the plan's estimate for the shrunk layout (training.sizing.throughput)
     checks = [mfu("llama2-70b", mfu_ratio * expected * 989e12 / 4.4e11, 4.4e11, 989e12, expected),
               peak_memory("llama2-70b", 50.0 * memory_ratio, 50.0)]
     path = tmp_path / "report.json"
@@ -353,10 +353,10 @@ def test_plan_measured_refuses_a_report_without_layout_figures(tmp_path):
 
 
 def test_the_planner_reads_architectures_without_torch():
-    """Synth needs no PyTorch: the plan and the USR1 lead read config.json through training.architecture."""
+    """Synth needs no PyTorch: the plan and the USR1 lead read config.json through training.models.architecture."""
     code = ("import sys, cluster_config.plan, cluster_config.slurm_timeouts; "
             "from cluster_config.settings import load_settings; cluster_config.plan.build_plan(load_settings('prod')); "
-            "from training.presets import resolve; resolve('llama3.1-70b'); "
+            "from training.models.presets import resolve; resolve('llama3.1-70b'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

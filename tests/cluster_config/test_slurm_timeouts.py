@@ -14,8 +14,8 @@ from cluster_config.pcluster_schema import DEFAULT_TARGET
 from cluster_config.render import ClusterResources, render_cluster_config
 from cluster_config.settings import CONFIG_DIR, load_settings
 from cluster_config.slurm_timeouts import kill_wait_seconds, save_seconds, usr1_lead_seconds
-from training.models import count_parameters, hf_config
-from training.presets import resolve
+from training.models.llama import count_parameters, hf_config
+from training.models.presets import resolve
 
 
 def test_prod_kill_wait_and_usr1_lead_hold_two_saves_of_all_seven_models_at_once_and_a_step():

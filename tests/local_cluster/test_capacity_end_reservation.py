@@ -166,7 +166,7 @@ def test_nothing_runs_into_the_capacity_end_and_every_model_saves_and_is_backed_
               f"{local_epoch(done['StartTime']) - resv_start:+.0f} s from the reservation's start, ran {done['RunTime']}")
         assert done["Partition"] == "cpu" and NODE not in done["NodeList"]
         assert local_epoch(done["StartTime"]) >= resv_start + BACKUPS_AFTER_S - 1
-        # The step the model stopped at, marked verified once every object of it matched (training/backup.py).
+        # The step the model stopped at, marked verified once every object of it matched (training/checkpoints/backup.py).
         marker = f"runs/model1/verified/step_{stop['step']:08d}"
         client.head_object(Bucket="capacity-end-test", Key=marker)
     finally:

@@ -1,5 +1,5 @@
 """`python -m monitoring.exporter` on a cluster's worth of runs: logs and checkpoints as the trainer and
-training/recovery.py leave them, and stand-ins for Slurm's commands printing Slurm 22.05's output
+training/resilience/recovery.py leave them, and stand-ins for Slurm's commands printing Slurm 22.05's output
 (tests/monitoring/fixtures/). Every metric of docs/monitoring.md's contract is checked by name."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from monitoring import exporter
-from training import recovery
+from training.resilience import recovery
 from training.cluster import load_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def append(log_dir: Path, *records: dict) -> None:
 
 
 def launch(log_dir: Path, job: str, t: float, step: int = 0) -> None:
-    """The batch script's launch event (training.recovery start) and the trainer's start."""
+    """The batch script's launch event (training.resilience.recovery start) and the trainer's start."""
     append(log_dir, {"event": "launch", "time": t, "job": job, "restart_count": 0, "nodes": "gpu-st-p5e-[1-2]",
                      "gloo_socket_ifname": ""},
            {"event": "start", "time": t + 30, "step": step, "world_size": 16, "resumed": step > 0})
@@ -70,7 +70,7 @@ def launch(log_dir: Path, job: str, t: float, step: int = 0) -> None:
 
 def train(log_dir: Path, steps: range, t_end: float, *, step_time: float = 1.0, loss=lambda step: 5.0 - step / 1000,
           mfu: bool = False, times: list[float] = (), slowest: tuple[int, float] = (0, 2.0)) -> None:
-    """A record every ``steps.step`` steps, the last one at ``t_end``, like training/metrics.py emits;
+    """A record every ``steps.step`` steps, the last one at ``t_end``, like training/components/metrics.py emits;
     ``slowest``: the rank timing's slowest rank and its excess in percent."""
     records = []
     for i, step in enumerate(steps):
@@ -87,7 +87,7 @@ def train(log_dir: Path, steps: range, t_end: float, *, step_time: float = 1.0, 
 
 
 def decide(log_dir: Path, job: str, t: float, *, exit_code: int = 1, status: str = "none", reason: str = "") -> str:
-    """training.recovery's decision after the trainer ended (it writes the recovery event)."""
+    """training.resilience.recovery's decision after the trainer ended (it writes the recovery event)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SLURM_JOB_ID", job)
         env.setenv("SLURM_JOB_NODELIST", "gpu-st-p5e-[1-2]")
@@ -115,7 +115,7 @@ def logged_config(log_dir: Path, job: str, steps: int, every: int, every_minutes
     (log_dir / f"{log_dir.name}_{job}.err").write_text(
         "2026-11-20 08:00:31,000 [rank0] INFO training.train: world size 16\n"
         f"2026-11-20 08:00:31,002 [rank0] INFO training.train: config {json.dumps(config, sort_keys=True)}\n"
-        "2026-11-20 08:00:40,000 [rank0] INFO training.metrics: step 10/1000 loss=4.99\n")
+        "2026-11-20 08:00:40,000 [rank0] INFO training.components.metrics: step 10/1000 loss=4.99\n")
 
 
 def stand_ins(bin_dir: Path, **overrides: str) -> Path:

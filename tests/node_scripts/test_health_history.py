@@ -168,7 +168,7 @@ def test_a_requeued_job_failing_again_on_the_same_node_is_a_new_failure(hook):
 # --- a job's own report on a node (node-local marker, read by the epilog) -----------------------------
 
 class Suspect:
-    """The marker a job's rank writes on its node (training/node_suspect.py); the hook reads it as root."""
+    """The marker a job's rank writes on its node (training/resilience/node_suspect.py); the hook reads it as root."""
 
     def __init__(self, hook: Hook):
         self.hook, self.dir = hook, hook.root / "shm"

@@ -25,8 +25,10 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
-from training import checkpoint, train
+from training.checkpoints import checkpointer
 
+
+from training import train
 record: dict = {"reads": {}, "saves": [], "sized": [], "resumed": None}
 
 
@@ -71,9 +73,9 @@ def saving(save):
     return wrapped
 
 
-def no_room(self, step, state, _no_room=checkpoint.Checkpointer._no_room) -> str:
+def no_room(self, step, state, _no_room=checkpointer.Checkpointer._no_room) -> str:
     if self.d.is_main:
-        record["sized"].append(checkpoint.state_bytes(state))
+        record["sized"].append(checkpointer.state_bytes(state))
     return _no_room(self, step, state)
 
 
@@ -86,7 +88,7 @@ def resume(self, _resume=train.Trainer._resume) -> int:
 
 FileSystemReader.read_data = read_data
 dcp.save, dcp.async_save = saving(dcp.save), saving(dcp.async_save)
-checkpoint.Checkpointer._no_room = no_room
+checkpointer.Checkpointer._no_room = no_room
 train.Trainer._resume = resume
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ TORCHRUN_COMMAND = [str(Path(sys.executable).with_name("torchrun"))]
 @pytest.fixture(scope="module")
 def d():
     """A real one-process gloo group (what DCP coordinates over)."""
-    from training import distributed  # torch: only for the tests that use it
+    from training.parallel import distributed  # torch: only for the tests that use it
 
     mp = pytest.MonkeyPatch()
     mp.setenv("MASTER_ADDR", "127.0.0.1")

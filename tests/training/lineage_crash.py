@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from training import checkpoint, distributed
+from training.checkpoints import checkpointer
 
+
+from training.parallel import distributed
 IDENTITY = {"preset": "tiny", "vocab_size": 512}
 
 
@@ -47,8 +49,8 @@ def kill_points(step: int) -> dict:
             die()
         _rmtree(path, *args, **kwargs)
 
-    def before_latest(path, data, _write_atomic=checkpoint.write_atomic) -> None:
-        if Path(path).name == checkpoint.LATEST and data.strip() == name:
+    def before_latest(path, data, _write_atomic=checkpointer.write_atomic) -> None:
+        if Path(path).name == checkpointer.LATEST and data.strip() == name:
             die()
         _write_atomic(path, data)
 
@@ -59,7 +61,7 @@ def kill_points(step: int) -> dict:
             die()
         _finish(self, metadata, results)
 
-    return {"in-prune": (shutil, "rmtree", in_prune), "before-latest": (checkpoint, "write_atomic", before_latest),
+    return {"in-prune": (shutil, "rmtree", in_prune), "before-latest": (checkpointer, "write_atomic", before_latest),
             "in-write": (FileSystemWriter, "finish", in_write)}
 
 
@@ -74,7 +76,7 @@ if __name__ == "__main__":
         else:  # save:STEP:VALUE
             saves.append((int(first), float(second)))
     d = distributed.init(timeout_s=60)
-    ckpt = checkpoint.Checkpointer(directory, keep=int(keep), async_save=True, d=d, identity=IDENTITY)
+    ckpt = checkpointer.Checkpointer(directory, keep=int(keep), async_save=True, d=d, identity=IDENTITY)
     print("resumed from step", ckpt.load(state(0.0, 0)), flush=True)
     for step, value in saves:
         ckpt.save(step, state(value, step))

@@ -1,4 +1,4 @@
-"""Architectures from Hugging Face configs (training/architecture.py): what is read, what is refused and why.
+"""Architectures from Hugging Face configs (training/models/architecture.py): what is read, what is refused and why.
 
 Torch-free like the module itself: the planner runs these numbers at every synth.
 """
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from training.architecture import Architecture, ArchitectureError, from_hf_config, read_hf_config, to_hf_config
-from training.presets import ARCHITECTURES, PRESETS, resolve, shipped
+from training.models.architecture import Architecture, ArchitectureError, from_hf_config, read_hf_config, to_hf_config
+from training.models.presets import ARCHITECTURES, PRESETS, resolve, shipped
 
 # Published parameter counts of the shipped configs (the model cards' totals).
 PUBLISHED = {"llama3.1-8b": 8_030_261_248, "llama3.1-70b": 70_553_706_496, "llama3.2-1b": 1_235_814_400,

@@ -13,8 +13,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.s3_server import FAKE_AWS_ENV, s3_server
-from training import backup as backup_mod
-from training.backup import BackupError, VerificationFailed, backup
+from training.checkpoints import backup as backup_mod
+from training.checkpoints.backup import BackupError, VerificationFailed, backup
 
 BUCKET = "ckpt-backup-test"
 
@@ -107,7 +107,7 @@ def test_backup_refuses_incomplete_or_missing_checkpoint(s3, tmp_path):
 def test_backup_cli_runs_as_one_process(s3, tmp_path):
     make_checkpoint(tmp_path, 3, {".metadata": 10, "train_meta.json": 10, "__0_0.distcp": 1000})
     repo = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-m", "training.backup", str(tmp_path), f"s3://{BUCKET}/cli/model1"],
+    result = subprocess.run([sys.executable, "-m", "training.checkpoints.backup", str(tmp_path), f"s3://{BUCKET}/cli/model1"],
                             env={**os.environ, "PYTHONPATH": str(repo / "jobs")}, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "backed up and verified 3 files" in result.stderr
@@ -117,7 +117,7 @@ def test_backup_cli_runs_as_one_process(s3, tmp_path):
 
 def run_cli(checkpoint_dir: Path, uri: str, *args: str) -> subprocess.Popen:
     repo = Path(__file__).resolve().parents[2]
-    return subprocess.Popen([sys.executable, "-m", "training.backup", str(checkpoint_dir), uri, *args],
+    return subprocess.Popen([sys.executable, "-m", "training.checkpoints.backup", str(checkpoint_dir), uri, *args],
                             env={**os.environ, "PYTHONPATH": str(repo / "jobs")},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -170,7 +170,7 @@ def test_backup_never_replaces_an_object_s3_already_holds(s3, tmp_path, small_pa
     damaged = "model1/step_00000050/__0_0.distcp"
     s3.put_object(Bucket=bucket, Key=damaged, Body=b"not the checkpoint")
 
-    result = subprocess.run([sys.executable, "-m", "training.backup", str(tmp_path), f"s3://{bucket}/model1"],
+    result = subprocess.run([sys.executable, "-m", "training.checkpoints.backup", str(tmp_path), f"s3://{bucket}/model1"],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "jobs")},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
@@ -232,7 +232,7 @@ def test_backup_refuses_a_step_folder_or_file_that_links_outside_its_model(s3, t
 
 def cli_exit(checkpoint_dir: Path, uri: str) -> tuple[int, str]:
     repo = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-m", "training.backup", str(checkpoint_dir), uri],
+    result = subprocess.run([sys.executable, "-m", "training.checkpoints.backup", str(checkpoint_dir), uri],
                             env={**os.environ, "PYTHONPATH": str(repo / "jobs")}, capture_output=True, text=True, timeout=60)
     return result.returncode, result.stderr
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import CheckpointMismatch, Checkpointer, NothingLoadable
+from training.checkpoints.checkpointer import CheckpointMismatch, Checkpointer, NothingLoadable
 
 IDENTITY = {"preset": "tiny", "vocab_size": 512}
 
@@ -139,7 +139,7 @@ def test_pruning_runs_on_a_cleaner_thread_and_spares_the_loaded_and_newer(tmp_pa
         release.wait(timeout=60)
         real_rmtree(path, **kwargs)
 
-    monkeypatch.setattr("training.checkpoint.shutil.rmtree", slow_rmtree)
+    monkeypatch.setattr("training.checkpoints.checkpointer.shutil.rmtree", slow_rmtree)
     ckpt = Checkpointer(tmp_path, keep=2, async_save=False, d=d, identity=IDENTITY)
     assert load(ckpt)[0] == 20
     ckpt.save(25, state(25.0, 25))  # keep=2: step 10 goes, the loaded step 20 stays

@@ -1,4 +1,4 @@
-"""The collective timeouts reach every group the training collectives run on (training.distributed).
+"""The collective timeouts reach every group the training collectives run on (training.parallel.distributed).
 
 HSDP and FSDP x TP run their collectives on the device mesh's groups, which torch creates with its
 own default timeout (30 min). Four gloo processes build both meshes (2 x 2) and read every group's
@@ -20,7 +20,7 @@ LAYOUTS = {"hsdp": ["train.parallelism=hsdp", "train.hsdp_shard_size=2"],
 
 WORKER = r"""
 import json, os, sys, time, torch, torch.distributed as dist
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import load_model_config
 
 start_s, short_s, layouts, config, out = json.loads(sys.argv[1])

@@ -1,4 +1,4 @@
-"""Collectives of each production layout against the analytic minimum (training.communication).
+"""Collectives of each production layout against the analytic minimum (training.parallel.communication).
 
 The measurement (benchmarks/communication) joins the dry run's fake process group in this process at
 the job's real world size, with the real widths and 1 and 2 decoder layers: a few seconds per layout.
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from training.communication import (Traffic, layer_traffic, outer_traffic, recomputed_layers, ring_bytes,
+from training.parallel.communication import (Traffic, layer_traffic, outer_traffic, recomputed_layers, ring_bytes,
                                     step_traffic)
-from training.presets import PRESETS
+from training.models.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = ["model1", "model3", "model5", "model7"]  # prod's distinct jobs: 7B, 13B, 18.4B HSDP; 70B FSDP x TP 8
@@ -35,7 +35,7 @@ def report(model: str):
 
 def test_the_analytic_model_imports_no_torch():
     """The planner (cluster_config) imports it and must not need PyTorch."""
-    code = "import sys, training.communication; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, training.parallel.communication; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO / "jobs", check=True)
 
 

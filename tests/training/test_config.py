@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from training.config import ConfigError, load_config
-from training.models import count_parameters, hf_config
-from training.presets import PRESETS
+from training.models.llama import count_parameters, hf_config
+from training.models.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "jobs/training/configs"

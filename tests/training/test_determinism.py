@@ -1,4 +1,4 @@
-"""train.deterministic: what training/determinism.py sets (in this process, restored after each test)."""
+"""train.deterministic: what training/components/determinism.py sets (in this process, restored after each test)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from training.determinism import CUBLAS_WORKSPACE, set_determinism
+from training.components.determinism import CUBLAS_WORKSPACE, set_determinism
 
 
 @pytest.fixture(autouse=True)

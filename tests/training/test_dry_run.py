@@ -16,11 +16,11 @@ import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from cluster_config.model_jobs import bundled_cluster
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import (DEFAULT_VOCAB, HEADROOM, analytic_activation_bytes, dry_run, fake_dist, load_model_config, main, measure_cpu,
                               production_setup)
 from training.dry_run import vocabulary as dry_run_vocabulary
-from training.models import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, hf_config
+from training.models.llama import RESIDUAL_OUTPUTS, canonical_name, count_parameters, init_weights, hf_config
 from training.train import build
 
 CONFIGS = Path(__file__).resolve().parents[2] / "jobs/training/configs"  # the recipes
@@ -136,7 +136,7 @@ def test_fsdp_x_tensor_parallel_builds_and_initializes_under_the_fake_process_gr
 
 def test_residual_projections_get_a_depth_scaled_init():
     model_config = hf_config("small", 512, 64)
-    from training.models import build_model
+    from training.models.llama import build_model
 
     model = build_model(model_config)
     init_weights(model, model_config, torch.device("cpu"), seed=0)

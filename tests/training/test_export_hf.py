@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from data_pipeline.shards import read_dataset_meta
 from data_pipeline.tokenizer import load_tokenizer
 from training.export_hf import ExportError, export, find_checkpoint, main
-from training.models import build_model, init_weights, hf_config
+from training.models.llama import build_model, init_weights, hf_config
 
 from conftest import CONFIG, REPO, Run, torchrun_script
 
@@ -182,11 +182,11 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
-from training import distributed
-from training.checkpoint import Checkpointer
+from training.parallel import distributed
+from training.checkpoints.checkpointer import Checkpointer
 from training.dry_run import load_model_config
-from training.models import canonical_name, hf_config
-from training.presets import resolve
+from training.models.llama import canonical_name, hf_config
+from training.models.presets import resolve
 from training.train import build
 
 config, families, out = json.loads(sys.argv[1])

@@ -13,11 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import distributed, train, watchdog
+from training.parallel import distributed
+
+from training import train
+
+from training.resilience import watchdog
 from training.config import ConfigError
 from training.dry_run import _attention_workspace, load_model_config
-from training.metrics import Metrics, memory_gib
-from training.models import hf_config
+from training.components.metrics import Metrics, memory_gib
+from training.models.llama import hf_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,9 +73,9 @@ def test_async_tp_turns_on_the_compiler_pass_and_symmetric_memory_for_the_tp_gro
     out = run_script("""
         import torch, torch.distributed as dist
         from torch.distributed import _symmetric_memory as symm_mem
-        from training import distributed
+        from training.parallel import distributed
         from training.dry_run import fake_dist, load_model_config
-        from training.models import build_model, hf_config
+        from training.models.llama import build_model, hf_config
         cfg = load_model_config({}, ["model.preset=small", "data.seq_len=64", "train.tensor_parallel=2",
                                      "train.async_tp=true", "train.compile=true"])
         d = fake_dist(8)
@@ -125,7 +129,7 @@ def test_no_dump_when_the_recorders_are_off(tmp_path, recorders, monkeypatch):
 def test_collective_timeout_raises_every_training_group_then_restores_it():
     out = run_script("""
         import torch
-        from training import distributed
+        from training.parallel import distributed
         d = distributed.init(300)
         distributed.set_timeout(d, 100)  # after the first step
         read = lambda: sorted({g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in d.groups})

@@ -1,4 +1,4 @@
-"""Released weights (training.hf_weights, model.init_from) land in every layout as transformers reads them.
+"""Released weights (training.models.hf_weights, model.init_from) land in every layout as transformers reads them.
 
 Tiny checkpoints of each supported family are made here (transformers' own classes, seeded, fp32,
 ``save_pretrained``): Llama 3.1 (rope_scaling llama3, rope_theta 500000, grouped-query attention),
@@ -27,9 +27,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from training.config import ConfigError
 from training.dry_run import load_model_config
-from training.hf_weights import WeightsError, load
-from training.models import build_model, hf_config, init_weights
-from training.presets import resolve
+from training.models.hf_weights import WeightsError, load
+from training.models.llama import build_model, hf_config, init_weights
+from training.models.presets import resolve
 
 SEQ = 32
 COMMON = dict(hidden_size=48, intermediate_size=90, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
@@ -98,11 +98,11 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 WORKER = r"""
 import json, sys, time, torch
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import load_model_config
-from training.hf_weights import load
-from training.models import compute_loss, hf_config
-from training.presets import resolve
+from training.models.hf_weights import load
+from training.models.llama import compute_loss, hf_config
+from training.models.presets import resolve
 from training.train import build
 
 folders, layouts, config, seq, out = json.loads(sys.argv[1])

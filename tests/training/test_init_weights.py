@@ -1,4 +1,4 @@
-"""Initial weights (training.models.init_weights) are the same in every layout and never repeat.
+"""Initial weights (training.models.llama.init_weights) are the same in every layout and never repeat.
 
 Four gloo processes build a small model in DDP 4, FSDP 4, HSDP 2 x 2 and FSDP 2 x TP 2 and
 initialize it. Its widths split unevenly, as 70B's do (k/v: 6 rows -> TP 3 + 3 -> FSDP 2 + 1;
@@ -22,9 +22,9 @@ import torch.distributed as dist
 from conftest import CONFIG, torchrun_script
 from transformers import LlamaConfig
 
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import fake_dist, load_model_config
-from training.models import build_model, canonical_name, init_weights, hf_config, param_seed
+from training.models.llama import build_model, canonical_name, init_weights, hf_config, param_seed
 
 # Even heads for RoPE, uneven everything else: q 18 rows, k/v 6 (one KV head), gate/up 11, vocab 7.
 ODD = dict(vocab_size=7, hidden_size=18, intermediate_size=11, num_hidden_layers=2, num_attention_heads=3,
@@ -39,9 +39,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import LlamaConfig
-from training import distributed
+from training.parallel import distributed
 from training.dry_run import load_model_config
-from training.models import canonical_name
+from training.models.llama import canonical_name
 from training.train import build
 
 odd, layouts, config, out = json.loads(sys.argv[1])

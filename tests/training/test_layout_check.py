@@ -26,9 +26,10 @@ SHORT = ("--preset", "tiny", "--steps", "6", "--warmup", "2", "data.seq_len=64",
 MAIN = "import sys\nfrom training.layout_check import main\nsys.exit(main())\n"
 # The fault: v_proj's generator seeded as k_proj's (the same shape in the tiny preset): equal matrices.
 SAME_SEED = """import sys
-from training import layout_check, models
-seed = models.param_seed
-models.param_seed = lambda s, name: seed(s, name.replace("v_proj", "k_proj"))
+from training import layout_check
+from training.models import llama
+seed = llama.param_seed
+llama.param_seed = lambda s, name: seed(s, name.replace("v_proj", "k_proj"))
 sys.exit(layout_check.main())
 """
 

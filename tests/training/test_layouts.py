@@ -4,7 +4,7 @@ one replica; torch.compile matches eager.
 
 The same global batch (32 sequences) is consumed per step in every layout: the loader interleaves
 ranks (data_pipeline.loader), so 4 ranks x 8, or 2 model copies x 8 x 2 micro-batches, read the
-same 32 sequences per step. The initial weights do not depend on the layout (training.models).
+same 32 sequences per step. The initial weights do not depend on the layout (training.models.llama).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_fsdp_x_tensor_parallel_and_hsdp_match_fsdp_and_ddp(layouts):
     assert_close(hsdp, fsdp)
     assert_close(losses(layouts["fsdp_tp_selective"]), fsdp)
     assert "fsdp x tensor parallel 2 over 4 ranks" in layouts["fsdp_tp"].output
-    # one copy of each shard: the replica sentinel has nothing to compare, and says so (training/replicas.py)
+    # one copy of each shard: the replica sentinel has nothing to compare, and says so (training/resilience/replicas.py)
     assert "replica check: none (fsdp keeps one copy of each parameter shard)" in layouts["fsdp"].output
 
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from conftest import REPO, Run, free_port
-from training.checkpoint import LEFTOVER, STEP_DIR, CheckpointInUse, Checkpointer
-from training.lease import LEASE, Holder
+from training.checkpoints.checkpointer import LEFTOVER, STEP_DIR, CheckpointInUse, Checkpointer
+from training.checkpoints.lease import LEASE, Holder
 
 IDENTITY = {"preset": "tiny", "vocab_size": 512}
 CRASH = Path(__file__).with_name("lineage_crash.py")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from training import recovery
+from training.resilience import recovery
 
 HOUR = 3600.0
 
@@ -78,7 +78,7 @@ def test_a_launcher_that_cannot_start_is_not_requeued(tmp_path, job):
 
 def test_command_line_prints_the_action_and_logs_launch_events(tmp_path):
     env = {"PYTHONPATH": "jobs", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "MAX_RECOVERIES": "0"}
-    run = lambda *args: subprocess.run([sys.executable, "-m", "training.recovery", *args], env=env,
+    run = lambda *args: subprocess.run([sys.executable, "-m", "training.resilience.recovery", *args], env=env,
                                        capture_output=True, text=True, check=True)
     run("start", str(tmp_path))
     (tmp_path / "FAILURE").write_text("hang: rank 0 ...\n")

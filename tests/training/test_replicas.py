@@ -1,4 +1,4 @@
-"""The replica-consistency sentinel (training/replicas.py) on real gloo processes: a bit flipped in one
+"""The replica-consistency sentinel (training/resilience/replicas.py) on real gloo processes: a bit flipped in one
 rank's copy of a parameter (tests/training/sdc_fault.py) stops the run at the next check, naming the
 parameter, the rank and its node, before any checkpoint holds it; the rerun resumes from the last
 checkpoint (checked at its step) and repeats the uninterrupted run's losses."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from conftest import SHORT, Run
 
-from training.models import build_model, init_weights, hf_config
-from training.replicas import parameter_sums
+from training.models.llama import build_model, init_weights, hf_config
+from training.resilience.replicas import parameter_sums
 
 SDC_FAULT = Path(__file__).with_name("sdc_fault.py")
 HOST = socket.gethostname()

@@ -1,4 +1,4 @@
-"""The analytic sizing (jobs/training/sizing.py) against the real model on CPU: parameters, saved
+"""The analytic sizing (jobs/training/sizing/memory.py) against the real model on CPU: parameters, saved
 activations and checkpoint bytes, measured, not restated."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from training.models import build_model, count_parameters, init_weights, hf_config
-from training.optim import build_optimizer
+from training.models.llama import build_model, count_parameters, init_weights, hf_config
+from training.components.optim import build_optimizer
 from training.config import OptimConfig
-from training.architecture import Architecture
+from training.models.architecture import Architecture
 from training.config import validate_config
 from training.dry_run import vocabulary as dry_run_vocabulary
-from training.presets import PRESETS, resolve, shipped
-from training.sizing import RunShape, activation_bytes, checkpoint_bytes
+from training.models.presets import PRESETS, resolve, shipped
+from training.sizing.memory import RunShape, activation_bytes, checkpoint_bytes
 
 SMALL = Architecture(layers=4, hidden=128, heads=4, kv_heads=2, ffn=352)  # several layers, grouped-query attention
 

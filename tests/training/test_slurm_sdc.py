@@ -5,7 +5,7 @@ finds three copies agreeing and names rank 2 and its node; nothing is saved afte
 reports its node, the root epilog drains it with the evidence into the failure history; the job
 requeues itself onto the other node and the spare, resumes from step 4 (checked at its step) and
 completes with every logged loss bit-identical to an uninterrupted run's (train.deterministic: DDP on
-four ranks then reduces each parameter alone, training/distributed.py reduce_each_parameter).
+four ranks then reduces each parameter alone, training/parallel/distributed.py reduce_each_parameter).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-rank timing (training/stragglers.py): the detector on figures, then a real rank slowed on gloo.
+"""Per-rank timing (training/resilience/stragglers.py): the detector on figures, then a real rank slowed on gloo.
 
 The slowed rank gets 10 % of one CPU (a cgroup CPU quota, local_cluster/cpu_limit.py): its process,
 device and data are healthy, it only gets less time, as a throttled GPU or a host with a noisy
@@ -13,7 +13,7 @@ from conftest import REPO, SHORT
 
 from local_cluster.cpu_limit import CpuLimit
 from tests.marks import needs_root
-from training.stragglers import Detector, probe
+from training.resilience.stragglers import Detector, probe
 
 import torch
 
@@ -105,13 +105,13 @@ def test_eviction_is_on_gpu_unless_set(monkeypatch):
     # far behind with nothing wrong).
     assert load_config(None, []).train.straggler_evict is None
     assert load_config(str(REPO / "jobs/training/configs/tiny.yaml")).train.straggler_evict is None
-    from training.stragglers import evicts
+    from training.resilience.stragglers import evicts
     assert evicts(None, on_gpu=True) and not evicts(None, on_gpu=False)
     assert evicts(True, on_gpu=False) and not evicts(False, on_gpu=True)
 
 
 def test_a_node_report_is_one_line_written_whole_and_only_under_slurm(tmp_path, monkeypatch):
-    from training import node_suspect
+    from training.resilience import node_suspect
 
     monkeypatch.setenv("NODE_SUSPECT_DIR", str(tmp_path))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

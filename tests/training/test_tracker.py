@@ -10,8 +10,10 @@ import signal
 
 import pytest
 
-from training import metrics, preflight
+from training.components import metrics
 
+
+from training import preflight
 pytest.importorskip("wandb")
 
 # Short, and every step logged, so the tracker is called on each of them.

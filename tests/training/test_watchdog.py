@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from training.watchdog import EXIT_HANG, ProgressWatchdog
+from training.resilience.watchdog import EXIT_HANG, ProgressWatchdog
 
 
 def test_window_is_the_start_up_timeout_then_a_multiple_of_the_median_step_with_a_floor(tmp_path):

@@ -20,8 +20,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from .architecture import Architecture, ArchitectureError, read_hf_config
-from .models import canonical_name
+from training.models.architecture import Architecture, ArchitectureError, read_hf_config
+from training.models.llama import canonical_name
 
 INDEX = "model.safetensors.index.json"
 

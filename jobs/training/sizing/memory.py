@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .architecture import Architecture
+from training.models.architecture import Architecture
 
 GIB = 2**30
 ADAM_BYTES = 8  # two fp32 moments per parameter

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .architecture import Architecture, ArchitectureError, read_hf_config
+from training.models.architecture import Architecture, ArchitectureError, read_hf_config
 
-ARCHITECTURES = Path(__file__).resolve().parent / "architectures"  # shipped Hugging Face configs, one folder each
+ARCHITECTURES = Path(__file__).resolve().parents[1] / "architectures"  # shipped Hugging Face configs, one folder each
 
 # The shorthands: Llama-family shapes whose vocabulary the dataset's tokenizer (or plan.vocab_size) sizes.
 PRESETS: dict[str, Architecture] = {

@@ -17,8 +17,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from .architecture import Architecture, from_hf_config, to_hf_config
-from .presets import resolve
+from training.models.architecture import Architecture, from_hf_config, to_hf_config
+from training.models.presets import resolve
 
 
 def hf_config(preset: str | Architecture, vocab_size: int, seq_len: int) -> PretrainedConfig:

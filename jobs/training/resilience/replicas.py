@@ -12,7 +12,7 @@ the ranks holding copies compare the sums (one small all-gather of one integer p
 mismatch names the parameter, the ranks and their nodes (the minority where three or more copies
 vote; both where two disagree) and stops the run before it saves, so every checkpoint on disk was
 verified at its own step (``latest`` is at or before the last agreeing step): the suspect ranks report
-their nodes to the epilog (training/node_suspect.py), which drains them, and the requeued job resumes
+their nodes to the epilog (training/resilience/node_suspect.py), which drains them, and the requeued job resumes
 from ``latest`` on other nodes.
 
 FSDP and FSDP x tensor parallel hold one copy of each shard: there is nothing to compare, and the
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed import Dist
+from training.parallel.distributed import Dist
 
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

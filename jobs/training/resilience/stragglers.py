@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .distributed import Dist
-from .straggler_rule import Streak
+from training.parallel.distributed import Dist
+from training.resilience.straggler_rule import Streak
 
 # Square matmul; GPU in bf16 (~0.2 ms each on an H100), CPU in fp32 (~1 ms each at 384). On CPUs the workload
 # must outlast the scheduler's slices: at 256 (2.5 ms in all) a rank held to 10 % of a CPU by a CFS quota ran

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .architecture import Architecture
+from training.models.architecture import Architecture
 
 DIMS = ("tp", "dp_shard", "dp_replicate")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "reduce", "gather", "scatter")

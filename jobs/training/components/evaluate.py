@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from data_pipeline.loader import DatasetError, TokenLoader, read_dataset_meta
 
-from . import distributed
-from .config import Config
-from .models import compute_loss
+from training.parallel import distributed
+from training.config import Config
+from training.models.llama import compute_loss
 
 
 class Evaluator:

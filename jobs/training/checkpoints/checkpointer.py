@@ -2,7 +2,7 @@
 
 Layout of a model's checkpoint directory::
 
-    LEASE                   the one job writing here (training.lease); a second one refuses to start
+    LEASE                   the one job writing here (training.checkpoints.lease); a second one refuses to start
     step_00000500/          one checkpoint: DCP shards (*.distcp), .metadata, train_meta.json
     step_00001000/
     step_00001500.partial-job1234-9f2c0a1b/   a save being written, by the lease holder
@@ -64,9 +64,9 @@ from atomic_file import write_atomic
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.tensor import DTensor
 
-from . import lease
-from .distributed import Dist
-from .lease import CheckpointInUse
+from training.checkpoints import lease
+from training.parallel.distributed import Dist
+from training.checkpoints.lease import CheckpointInUse
 
 log = logging.getLogger(__name__)
 LATEST = "latest"

@@ -1,7 +1,7 @@
 """What the batch script does when training ends: finish, requeue, or stop for a human.
 
-    python -m training.recovery start  LOG_DIR                     # once per (re)start of the job
-    python -m training.recovery decide LOG_DIR --exit RC --status STATUS [--reason-file FILE]
+    python -m training.resilience.recovery start  LOG_DIR                     # once per (re)start of the job
+    python -m training.resilience.recovery decide LOG_DIR --exit RC --status STATUS [--reason-file FILE]
 
 ``decide`` prints one word for jobs/train.sh — ``complete``, ``requeue``, ``user-error`` or ``give-up`` — and explains
 itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``

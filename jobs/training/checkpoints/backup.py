@@ -1,6 +1,6 @@
 """Back the newest complete checkpoint up to S3, write-once, then verify every object against the local files.
 
-    python -m training.backup /fsx/checkpoints/model1 s3://my-backup-bucket/model1 [--logs /fsx/logs/model1]
+    python -m training.checkpoints.backup /fsx/checkpoints/model1 s3://my-backup-bucket/model1 [--logs /fsx/logs/model1]
 
 Uploads ``<step dir>/*`` to ``<prefix>/<step dir>/`` (and the log folder, if given, to
 ``<prefix>/logs/<step dir>/``) with SHA-256 checksums (S3 checks every part on arrival), then asks S3
@@ -195,7 +195,7 @@ def _s3_sha256(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m training.backup", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m training.checkpoints.backup", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint_dir", help="the model's checkpoint folder (holds `latest`)")
     parser.add_argument("s3_uri", help="s3://bucket/prefix to copy the checkpoint to")
     parser.add_argument("--logs", help="the model's log folder, copied to <prefix>/logs/<step>/")

@@ -109,7 +109,7 @@ class Metrics:
             "checkpoint_block_s": self.checkpoint_block,
             "memory_gib": memory_gib(self.device),
             "samples_crc": self.samples_crc,  # CRC-32 of rank 0's input ids in the interval
-            **(extra or {}),  # per-rank timing (training/stragglers.py)
+            **(extra or {}),  # per-rank timing (training/resilience/stragglers.py)
         }
         if self.peak:
             record["mfu_pct"] = 100 * record["tokens_per_s_per_device"] * self.flops_per_token / self.peak
@@ -127,7 +127,7 @@ class Metrics:
         return record
 
     def emit_eval(self, step: int, record: dict, seconds: float) -> None:
-        """A validation result (training/evaluate.py) to the log, metrics.jsonl and TensorBoard (``val/``).
+        """A validation result (training/components/evaluate.py) to the log, metrics.jsonl and TensorBoard (``val/``).
         The ``seconds`` it took are left out of the training interval's tokens/s."""
         self.interval_start += seconds
         if self.is_main:

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from .config import OptimConfig
+from training.config import OptimConfig
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

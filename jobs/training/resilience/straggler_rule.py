@@ -1,4 +1,4 @@
-"""The straggler rule on one figure per rank, without torch: the trainer's Detector (training/stragglers.py)
+"""The straggler rule on one figure per rank, without torch: the trainer's Detector (training/resilience/stragglers.py)
 and the goodput simulation's stand-in trainer (local_cluster/stand_ins/trainer.py) both follow it.
 
 The slowest rank's excess is its figure over the median of the other ranks', minus one; the same rank over

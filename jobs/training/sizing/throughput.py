@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .communication import recomputed_layers, step_traffic
-from .architecture import Architecture
+from training.parallel.communication import recomputed_layers, step_traffic
+from training.models.architecture import Architecture
 
 # Bus bandwidth NCCL's ring all-gather/reduce-scatter reach, as a share of the link rate: nccl-tests on
 # 8 x H100 report ~360-480 GB/s of bus bandwidth on 450 GB/s links (the higher with NVLink SHARP).

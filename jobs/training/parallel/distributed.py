@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                parallelize_module)
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import ConfigError
+from training.config import ConfigError
 
 
 @dataclass

@@ -1,0 +1,7 @@
+"""Checkpoints: writing and trusting them, who may write them, and their copy in S3.
+
+  checkpointer  asynchronous DCP checkpoints, the ``latest`` pointer written last, fallback past a bad step,
+                never a silent restart from step 0
+  lease         one writer per model's checkpoint folder (a lease another job cannot take over)
+  backup        ``python -m training.checkpoints.backup``: the final checkpoint copied to S3 and verified
+"""
