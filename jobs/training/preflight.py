@@ -112,7 +112,7 @@ def _missing_tokenizer(wanted: str, exc: Exception) -> str:
     name = Path(wanted).name or "<name>"
     return (f"the model's tokenizer {wanted!r} (data.tokenizer) does not load: {exc} — put it there or fix "
             "tokenizer: in the model's settings. A gated tokenizer (Llama 3.x): on a workstation with a "
-            "Hugging Face token that was granted access, `huggingface-cli download meta-llama/Llama-3.1-8B "
+            "Hugging Face token that was granted access, `hf download meta-llama/Llama-3.1-8B "
             f"--include \"tokenizer*\" --local-dir {name}`, then `aws s3 cp --recursive {name} "
             f"s3://<data bucket>/tokenizers/{name}/`: it appears as /fsx/data/tokenizers/{name} through the "
             "data link (docs/training.md, Your own model)")

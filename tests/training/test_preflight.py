@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,8 +72,10 @@ def test_a_missing_model_tokenizer_says_how_to_fetch_a_gated_one(tiny_data, tmp_
         problems = run_check(data, tmp_path / "ckpt", f"data.tokenizer={missing}")
         [problem] = [p for p in problems if "data.tokenizer" in p]
         assert f"the model's tokenizer {str(missing)!r} (data.tokenizer) does not load" in problem
-        assert ('huggingface-cli download meta-llama/Llama-3.1-8B --include "tokenizer*" --local-dir llama3.1'
-                in problem)
+        # hf: the command the pinned huggingface_hub installs (it no longer installs huggingface-cli)
+        download = re.search(r"`(hf download [^`]+)`", problem)[1]
+        assert download == 'hf download meta-llama/Llama-3.1-8B --include "tokenizer*" --local-dir llama3.1'
+        assert shutil.which("hf", path=str(Path(sys.executable).parent)), "hf is not installed beside this python"
         assert "s3://<data bucket>/tokenizers/llama3.1/`: it appears as /fsx/data/tokenizers/llama3.1" in problem
 
 
