@@ -27,6 +27,8 @@
   update-check --env prod --from OLD.yaml
                            would ParallelCluster accept going from OLD.yaml's settings to the current ones
                            on the running cluster? (e.g. OLD.yaml from `git show HEAD:cluster_config/prod.yaml`)
+  alerts                   write, from monitoring/alerts.yml (every alert, defined once), the rule files
+                           monitoring/rules/*.yml and docs/monitoring.md's alert table and delivery cost
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cluster_config.alerts import AlertDefinitionError, load_definitions, write
 from cluster_config.emulated import PclusterNotInstalled
 from cluster_config.hardware import fsx_expectations
 from cluster_config.model_jobs import write_job_files
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     jobs.add_argument("--out", required=True, type=Path, help="the jobs folder to write into, e.g. jobs")
     jobs.add_argument("--model-list", type=Path, help="also write the model list node_scripts/slurm_accounts.sh reads")
+    what = "write the rule files and docs/monitoring.md's alert table and delivery cost from monitoring/alerts.yml"
+    commands.add_parser("alerts", help=what, description=f"{what} (docs/monitoring.md#alerts)")
     validate = commands.add_parser("validate", help="check rendered configs against ParallelCluster's schema")
     which = validate.add_mutually_exclusive_group(required=True)
     which.add_argument("--env")
@@ -135,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             return dashboard.main(load_settings(args.env), args.endpoint_url)
         elif args.command == "update-check":
             return _update_check(args.env, Path(args.base))
+        elif args.command == "alerts":
+            for line in write(load_definitions()):
+                print(line)
         else:
             envs = available_environments() if args.all else [args.env]
             failed = _validate(envs)
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 failed |= validate_environments(envs)
             return failed
-    except (SettingsError, RenderError, SchemaNotInstalled, PclusterNotInstalled) as exc:
+    except (SettingsError, RenderError, SchemaNotInstalled, PclusterNotInstalled, AlertDefinitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
