@@ -12,6 +12,7 @@ describing the reservations the config names, so the check never needs credentia
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -59,6 +60,8 @@ def check_configs(configs: dict[str, tuple[str, str, str]], target: Path = DEFAU
 
 def _child() -> None:
     """Runs in the isolated interpreter: stdlib + the ParallelCluster folder only."""
+    argparse.ArgumentParser(description="ParallelCluster's schema check of the configs in a JSON request on stdin, "
+                                        "as check_configs sends it; the answer, JSON, on stdout").parse_args()
     request = json.loads(sys.stdin.read())
     sys.path.insert(0, request["target"])
     import logging

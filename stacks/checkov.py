@@ -8,6 +8,7 @@ new resource failing the same check is not covered. All other checks run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -95,13 +96,29 @@ def run(template_dir: Path) -> tuple[list[Finding], dict]:
     return findings, summary
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m stacks.checkov TEMPLATE_DIR", file=sys.stderr)
+class _ArgumentParser(argparse.ArgumentParser):
+    """Usage errors as ``error: <what> — <fix>``, exit 2: the convention of docs/cli.md (jobs/cli there)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message} — see {self.prog} --help\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _ArgumentParser(prog="python -m stacks.checkov", description=__doc__.splitlines()[0])
+    parser.add_argument("template_dir", type=Path, metavar="TEMPLATE_DIR",
+                        help="a folder of synthesized templates (*.template.json), e.g. cdk.out/prod")
+    args = parser.parse_args(argv)
+    if not args.template_dir.is_dir():
+        print(f"error: {args.template_dir} is not a folder — synthesize the templates first: make synth", file=sys.stderr)
         return 2
-    findings, summary = run(Path(argv[0]))
+    try:
+        findings, summary = run(args.template_dir)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     open_findings = [f for f in findings if not f.reason]
-    print(f"{argv[0]}: checkov {summary['passed']} passed, {summary['failed']} failed "
+    print(f"{args.template_dir}: checkov {summary['passed']} passed, {summary['failed']} failed "
           f"({summary['failed'] - len(open_findings)} accepted in stacks/checkov.py, {len(open_findings)} not)")
     for finding in findings:
         status = "accepted" if finding.reason else "FAILED"
@@ -110,4 +127,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -65,6 +65,8 @@ ENTRY_POINTS = [
     (PY + ["benchmarks.goodput_simulation", "--minutes", "0"], "--days and --minutes must be > 0, --gpu-share within"),
     (PY + ["cluster_config", "plan", "--env", "nope"], "no environment 'nope'"),
     (PY + ["cluster_config", "render"], "the following arguments are required: --env — see python -m cluster_config render"),
+    (PY + ["cluster_config", "alerts", "--bogus"], "unrecognized arguments: --bogus — see python -m cluster_config --help"),
+    (PY + ["stacks.checkov", "/nonexistent"], "/nonexistent is not a folder — synthesize the templates first: make synth"),
     ([sys.executable, "app.py"], "no environment chosen: pass -c env=NAME"),
     (["local_cluster/cluster.sh", "restart"], "unknown command 'restart' — usage:"),
     (["bash", "jobs/train.sh"], "no model given — usage: train.sh MODEL"),

@@ -55,11 +55,11 @@ def source_env(tmp_path: Path, ip_body: str, getent_body: str) -> subprocess.Com
 
 
 def test_env_sh_survives_ip_writing_after_the_matching_line(tmp_path):
-    # The match comes first; ip goes on writing once the reader would have left. A reader that exits
-    # at the match makes ip die of SIGPIPE on its next write, and the sourcing job with it.
+    # The match comes first; then ip writes far more than a pipe holds (1 MB, the pipe 64 KiB), so a reader
+    # that exits at the match leaves ip blocked on a full pipe until it dies of SIGPIPE, however late the
+    # reader leaves, and the sourcing job with it.
     ip_body = ('echo "2: eth0    inet 10.1.2.3/24 brd 10.1.2.255 scope global eth0"\n'
-               "sleep 0.5\n"
-               'for i in $(seq 3 200); do echo "$i: veth$i    inet 172.17.0.$((i % 250))/16 scope global"; done\n')
+               'for i in $(seq 3 20000); do echo "$i: veth$i    inet 172.17.0.$((i % 250))/16 scope global"; done\n')
     result = source_env(tmp_path, ip_body, 'echo "10.1.2.3   STREAM node-1"\n')
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "gloo=eth0"

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from cli import ArgumentParser
 from training.parallel import distributed
 from training.config import load_config, read_config_file
 from training.models.llama import flops_per_token, hf_config
@@ -424,14 +425,20 @@ def layout_rank0(args: dict) -> dict:
 STAGES = {"environment": environment, "resume": resume, "recipe": recipe, "layout_rank0": layout_rank0}
 
 
-def main(argv: list[str]) -> int:
-    stage, args, result = argv[0], json.loads(argv[1]), Path(argv[2])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks.gpu_check.stages",
+                            description="one stage of the GPU proof, in a process of its own, as benchmarks.gpu_check runs it")
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("args", type=json.loads, metavar="ARGS_JSON",
+                        help="the stage's arguments, as benchmarks.gpu_check plans them")
+    parser.add_argument("result", type=Path, metavar="RESULT_JSON", help="where the stage writes its figures")
+    args = parser.parse_args(argv)
     start = time.perf_counter()
-    figures = STAGES[stage](args)
+    figures = STAGES[args.stage](args.args)
     figures["stage_seconds"] = round(time.perf_counter() - start, 1)
-    result.write_text(json.dumps(figures, indent=1, default=str) + "\n")
+    args.result.write_text(json.dumps(figures, indent=1, default=str) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -22,6 +22,7 @@ role and inline policies come from ParallelCluster's own template constructs (it
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -29,6 +30,9 @@ import sys
 
 
 def main() -> None:
+    argparse.ArgumentParser(prog="python -m cluster_config.emulated.pcluster_child",
+                            description="ParallelCluster's validators and update checks of a JSON request on stdin, as "
+                                        "cluster_config.emulated.check sends it; the answer, JSON, on stdout").parse_args()
     request = json.loads(sys.stdin.read())
     os.environ.update({
         "AWS_ENDPOINT_URL": request["endpoint"], "AWS_DEFAULT_REGION": request["region"],

@@ -170,6 +170,8 @@ class Peers:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("0.0.0.0", port))
         server.listen(world)
+        # the line says rank 0 is up: its stop handlers installed, the others' connections taken from here on
+        print(f"rank 0: waiting for {world - 1} more ranks on port {port}", file=sys.stderr, flush=True)
         # a stop signal ends the wait (a job requeued meanwhile: its prolog failed on another node), as
         # torchrun's agent stops its workers; else the job would hold its nodes until Slurm's KillWait
         server.settimeout(0.25)

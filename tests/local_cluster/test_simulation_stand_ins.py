@@ -88,7 +88,8 @@ def test_a_stop_request_saves_and_releases_every_rank(tmp_path):
 def test_a_stop_signal_ends_rank_0s_wait_for_the_others(tmp_path):
     """A job requeued while its rank 0 waits (another node's prolog failed): it leaves, not after KillWait."""
     alone = start(tmp_path, 0, 2, free_port(), "train.steps=1000000")
-    time.sleep(1)
+    waiting = alone.stderr.readline()  # printed once its stop handlers are in place
+    assert waiting.startswith("rank 0: waiting for 1 more ranks"), waiting
     alone.send_signal(signal.SIGTERM)
     assert alone.wait(timeout=10) == 1
     assert "stopped by SIGTERM" in alone.stderr.read()
