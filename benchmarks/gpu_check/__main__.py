@@ -189,10 +189,10 @@ def run_stage(stage: dict, work: Path, cpu: bool, limit_s: float) -> dict:
 
 def recipe_checks(results: dict) -> list[dict]:
     """The acceptance report's memory and MFU checks of every measured recipe, built by the same functions
-    (``cluster_checks.acceptance``): ``python -m cluster_config plan --measured`` reads their ratios."""
+    (``cluster_checks.layout_checks``): ``python -m cluster_config plan --measured`` reads their ratios."""
     from dataclasses import asdict
 
-    from cluster_checks import acceptance
+    from cluster_checks.layout_checks import mfu, peak_memory
 
     checks = []
     for name, r in results.items():
@@ -201,8 +201,8 @@ def recipe_checks(results: dict) -> list[dict]:
         layout = name.split(":", 1)[1]
         peak = r.get("peak_flops") or 989e12  # reports before peak_flops was kept: the H100's, as metrics.py has it
         per_token = r.get("flops_per_token") or r["mfu"] * peak / r["tokens_per_s_per_gpu"]
-        checks += [asdict(acceptance.peak_memory(layout, r["peak_memory_gib"], r.get("predicted_memory_gib"))),
-                   asdict(acceptance.mfu(layout, r["tokens_per_s_per_gpu"], per_token, peak, r.get("expected_mfu")))]
+        checks += [asdict(peak_memory(layout, r["peak_memory_gib"], r.get("predicted_memory_gib"))),
+                   asdict(mfu(layout, r["tokens_per_s_per_gpu"], per_token, peak, r.get("expected_mfu")))]
     return checks
 
 

@@ -1,4 +1,5 @@
-"""Cluster validation helpers run by the sbatch payloads in jobs/.
+"""Is the cluster fit to train: its network, storage, input pipeline and, on day one, every part of it
+(go / no-go). The measurements and checks the sbatch payloads in jobs/ run.
 
 Network (jobs/collectives.sh, jobs/nccl_tests.sh):
 - ``collectives``: torch.distributed collective benchmark with per-rank correctness checks.
@@ -16,8 +17,14 @@ Input pipeline (jobs/input_diagnosis.sh):
 - ``input_diagnosis``: measures the loader, host-to-device copies and real training steps.
 - ``input_verdict``: the pure verdict (loader-, copy- or compute-bound) and the setting to change.
 
-Acceptance (jobs/acceptance.sh):
-- ``acceptance``: every check of the acceptance run with its threshold and source, and one go / no-go
-- ``node_record``: what the acceptance run records on each node (health check, jobs venv, driver, ECC)
-  (report.json, a table, report.png), built from the other modules' results.
+Acceptance (jobs/acceptance.sh), each module importing only those above it:
+- ``verdict``: a check (pass, fail, not measured) and the go / no-go rule over all of them.
+- ``node_checks``: queues boot, the jobs venv runs, node health, the GPU driver, ECC.
+- ``network_checks``: all_reduce across nodes (EFA) and within one (NVLink), the transport, PyTorch's NCCL.
+- ``storage_checks``: each FSx mount's throughput against what it is provisioned for.
+- ``layout_checks``: each production layout, shrunk: initialization, loss, grad norm, memory, MFU, compile.
+- ``drill``: a killed rank recovers with bit-identical losses, a stalled rank is detected.
+- ``acceptance_report``: report.txt (the table) and report.png (one bar per check) beside report.json.
+- ``acceptance``: the command line: reads the run's results folder, writes the report, runs the drill's steps.
+- ``node_record``: what the acceptance run records on each node (health check, jobs venv, driver, ECC).
 """

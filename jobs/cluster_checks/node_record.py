@@ -1,4 +1,4 @@
-"""What the acceptance run records on one node: ``<out>/<queue>_<node>.json`` (``acceptance.NodeRecord``).
+"""What the acceptance run records on one node: ``<out>/<queue>_<node>.json`` (``node_checks.NodeRecord``).
 
     python -m cluster_checks.node_record --queue gpu --gpus 8 --out DIR
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cli import ArgumentParser
 
-from cluster_checks.acceptance import NodeRecord
+from cluster_checks.node_checks import NodeRecord
 
 HEALTH_CONF = "/opt/slurm/etc/llm/health.conf"
 HEALTH_CHECK = "/opt/slurm/etc/llm/node_health.sh"

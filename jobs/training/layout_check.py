@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 import yaml
 from cli import ArgumentParser, fail
-from cluster_checks import acceptance
-from cluster_checks.acceptance import FAIL, PASS, Check, Report
+from cluster_checks import layout_checks
+from cluster_checks.verdict import FAIL, GO, NOT_MEASURED, PASS, Check, Report
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -60,7 +60,7 @@ from training.train import Trainer, build
 log = logging.getLogger("training.layout_check")
 GIB = 1024**3
 # Compile vs eager on CPU, fp32: Inductor sums in another order, ~1e-7 relative per operation, grown by
-# a few Adam steps. On GPU: acceptance.COMPILE_RTOL (bf16 rounds at 2^-8).
+# a few Adam steps. On GPU: layout_checks.COMPILE_RTOL (bf16 rounds at 2^-8).
 COMPILE_RTOL_CPU = 2e-4
 COMPILE_SOURCE_CPU = "tests/training/test_compile.py and test_layouts.py RTOL: fp32 sums in another order"
 PATTERN = 64  # token ids 0..63: each "next = this + 1" pair is seen often enough per step to be learned at once
@@ -388,12 +388,12 @@ def checks(name: str, r: dict, gpu: bool) -> list[Check]:
     off = sorted(p for p, s in norms.items() if not (abs(s["mean"] - 1) <= 1e-6 and s["std"] <= 1e-6))
     uncovered = sorted(p for p, s in r["init"].items() if s["count"] != s["numel"])
     dup = r["duplicates"]
-    distinct = acceptance.init_distinct(name, dup["pairs"])
+    distinct = layout_checks.init_distinct(name, dup["pairs"])
     if dup["pairs"]:  # name them
         equal = "; ".join(f"{a} = {b}" for a, b in dup["examples"])
         distinct = replace(distinct, why=f"{distinct.why}; equal: {equal}")
     result = [
-        acceptance.init_std(name, r["init_std"]),
+        layout_checks.init_std(name, r["init_std"]),
         _own(f"{layout}: norm weights all 1", not off, f"{len(norms) - len(off)} of {len(norms)} with mean 1, std 0",
              "mean 1, std 0 (within 1e-6)", f"off: {', '.join(off)}: init_weights did not fill them"),
         _own(f"{layout}: init statistics cover each parameter once", not uncovered,
@@ -404,22 +404,22 @@ def checks(name: str, r: dict, gpu: bool) -> list[Check]:
              f"{dup['replica_copies_compared']} copies compared, {len(dup['replica_mismatches'])} differ",
              "HSDP replicas (and tensor-parallel copies) equal",
              f"differ: {', '.join(dup['replica_mismatches'][:5])}: the replicas start from different weights"),
-        acceptance.loss_decreases(name, r["losses"]),
-        acceptance.grad_norm_finite(name, r["grad_norms"]),
+        layout_checks.loss_decreases(name, r["losses"]),
+        layout_checks.grad_norm_finite(name, r["grad_norms"]),
     ]
     if gpu:
-        return result + [acceptance.peak_memory(name, r["peak_memory_gib"], r["predicted_memory_gib"]),
-                         acceptance.mfu(name, r["tokens_per_s_per_gpu"], r["flops_per_token"], r["peak_flops"],
+        return result + [layout_checks.peak_memory(name, r["peak_memory_gib"], r["predicted_memory_gib"]),
+                         layout_checks.mfu(name, r["tokens_per_s_per_gpu"], r["flops_per_token"], r["peak_flops"],
                                         r["expected_mfu"]),
-                         acceptance.compile_matches_eager(name, r["compiled_losses"], r["eager_losses"])]
+                         layout_checks.compile_matches_eager(name, r["compiled_losses"], r["eager_losses"])]
     result += [Check.no_gpu(f"{layout}: peak GPU memory vs dry run",
-                            f"-{acceptance.MEMORY_CONSERVATIVE:.0%} to +{acceptance.MEMORY_TOLERANCE:.0%}",
-                            acceptance.MEMORY_SOURCE),
-               Check.no_gpu(f"{layout}: MFU vs plan", f">= {acceptance.MFU_MIN_RATIO:.0%} of the plan",
-                            acceptance.MFU_SOURCE)]
+                            f"-{layout_checks.MEMORY_CONSERVATIVE:.0%} to +{layout_checks.MEMORY_TOLERANCE:.0%}",
+                            layout_checks.MEMORY_SOURCE),
+               Check.no_gpu(f"{layout}: MFU vs plan", f">= {layout_checks.MFU_MIN_RATIO:.0%} of the plan",
+                            layout_checks.MFU_SOURCE)]
     compile_name, expected = f"{layout}: compiled vs eager losses", f"every step within {COMPILE_RTOL_CPU:g} (fp32)"
     if r["compiled_losses"] is None:
-        return result + [Check(compile_name, acceptance.NOT_MEASURED, "", expected,
+        return result + [Check(compile_name, NOT_MEASURED, "", expected,
                                r["not_measured"]["compiled_losses"]["why"], COMPILE_SOURCE_CPU, needs_gpu=True)]
     worst = max(abs(c - e) / abs(e) for c, e in zip(r["compiled_losses"], r["eager_losses"]))
     return result + [_own(compile_name, worst <= COMPILE_RTOL_CPU, f"max {worst:.2g}", expected,
@@ -535,7 +535,7 @@ def conclude(record: dict, cfg: Config, d: distributed.Dist, out: str) -> int:
         print(f"  {c.status:<12} {c.name}: {c.measured or c.why}")
     for c in report.blocking():
         print(f"problem: {c.name}: {c.why}", file=sys.stderr)
-    return 0 if report.verdict == acceptance.GO else 1
+    return 0 if report.verdict == GO else 1
 
 
 def write(record: dict, out: str) -> Path:

@@ -1,5 +1,6 @@
-"""The acceptance report (cluster_checks.acceptance): checks from recorded results, the go / no-go rule,
-report.json, the table and the PNG. No Slurm, no GPU.
+"""The acceptance report (cluster_checks.acceptance, from the node, network, storage, layout and drill
+checks): checks from recorded results, the go / no-go rule, report.json, the table and the PNG. No Slurm,
+no GPU.
 
 Fixtures:
 - nccl-tests logs recorded on 2 x p5.48xlarge (tests/local_cluster/fixtures): over EFA, and fallen back
@@ -29,8 +30,13 @@ from pathlib import Path
 import pytest
 
 from cluster_checks import acceptance as acc
+from cluster_checks import nccl_tests, network_checks, node_checks
+from cluster_checks.acceptance_report import write_report
+from cluster_checks.drill import drill_checks, drill_overrides, stall_detected
 from cluster_checks.fsx_perf import collect
 from cluster_checks.fsx_report import MountResult, assess, to_json
+from cluster_checks.layout_checks import peak_memory
+from cluster_checks.verdict import FAIL, GO, NO_GO, NOT_MEASURED, PASS, Check, Report
 from training.config import load_config
 
 HERE = Path(__file__).parent
@@ -45,8 +51,8 @@ EFA_LOG, SOCKET_LOG, NVLINK_LOG = NCCL_LOGS / "nccl_tests_efa.log", NCCL_LOGS / 
 PYTORCH_NCCL = FIXTURES / "pytorch_nccl"
 
 GPU_CATALOGUE = [
-    acc.QUEUES, acc.VENV, acc.HEALTH, acc.DRIVER, acc.ECC,
-    acc.INTER_NODE, acc.INTRA_NODE, acc.TRANSPORT, acc.TCP_CONTROL, acc.PYTORCH_TRANSPORT,
+    node_checks.QUEUES, node_checks.VENV, node_checks.HEALTH, node_checks.DRIVER, node_checks.ECC,
+    network_checks.INTER_NODE, network_checks.INTRA_NODE, network_checks.TRANSPORT, network_checks.TCP_CONTROL, network_checks.PYTORCH_TRANSPORT,
     "storage: /fsx/data read/write vs provisioned", "storage: /fsx/checkpoints read/write vs provisioned",
     *[f"layout {m}: {what}" for m in ("model1", "model7") for what in (
         "run completes", "init std per parameter", "no two parameters/shards equal", "loss finite and decreasing",
@@ -91,11 +97,11 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data))
 
 
-def by_name(report: acc.Report) -> dict[str, acc.Check]:
+def by_name(report: Report) -> dict[str, Check]:
     return {c.name: c for c in report.checks}
 
 
-def blocking(report: acc.Report) -> list[str]:
+def blocking(report: Report) -> list[str]:
     return [c.name for c in report.blocking()]
 
 
@@ -104,23 +110,23 @@ def blocking(report: acc.Report) -> list[str]:
 def test_a_healthy_gpu_run_is_a_go_with_every_check_passed(results):
     report = acc.assemble(results)
     assert [c.name for c in report.checks] == GPU_CATALOGUE
-    assert [c.name for c in report.checks if c.status != acc.PASS] == []
-    assert report.verdict == acc.GO and report.gpu
+    assert [c.name for c in report.checks if c.status != PASS] == []
+    assert report.verdict == GO and report.gpu
     checks = by_name(report)
-    inter = checks[acc.INTER_NODE]
+    inter = checks[network_checks.INTER_NODE]
     assert inter.measured == "381.9 GB/s busbw at 1 GiB, 16 ranks on 2 nodes"
     assert inter.expected == ">= 349.6 GB/s busbw at 1 GiB (80% of the published 436.95)"
     assert inter.ratio == pytest.approx(381.90 / 436.95) and inter.limit == 0.8
     assert "awesome" not in inter.source and "awsome-distributed-training" in inter.source
-    assert checks[acc.INTRA_NODE].measured == "467.3 GB/s busbw at 1 GiB, 8 GPUs on ip-10-1-40-17"
-    assert checks[acc.INTRA_NODE].expected.startswith(">= 360 GB/s busbw")
-    assert checks[acc.TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
-    assert checks[acc.TCP_CONTROL].measured == "refused: NCCL fell back to TCP sockets (NET/Socket), not EFA"
-    assert checks[acc.PYTORCH_TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
+    assert checks[network_checks.INTRA_NODE].measured == "467.3 GB/s busbw at 1 GiB, 8 GPUs on ip-10-1-40-17"
+    assert checks[network_checks.INTRA_NODE].expected.startswith(">= 360 GB/s busbw")
+    assert checks[network_checks.TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
+    assert checks[network_checks.TCP_CONTROL].measured == "refused: NCCL fell back to TCP sockets (NET/Socket), not EFA"
+    assert checks[network_checks.PYTORCH_TRANSPORT].measured == "EFA: NCCL network Libfabric, libfabric provider efa"
     assert checks["storage: /fsx/data read/write vs provisioned"].measured == \
         "write 0.931 GB/s, read 1.680 GB/s (ior+mdtest)"
     assert checks["layout model7: MFU vs plan"].measured == "29.3% (290 tokens/s per GPU)"
-    assert checks[acc.QUEUES].measured == "gpu 2, cpu 1"
+    assert checks[node_checks.QUEUES].measured == "gpu 2, cpu 1"
     assert all(c.source for c in report.checks), "every threshold names its source"
 
 
@@ -155,55 +161,55 @@ def test_a_slow_inter_node_all_reduce_is_a_no_go_naming_the_figure(results, caps
         "  1073741824     268435456     float     sum      -1  5271.71  203.68  381.90      0", slow, 1))
     assert acc.main(["report", str(results)]) == 1
     report = acc.assemble(results)
-    assert blocking(report) == [acc.INTER_NODE]
-    check = by_name(report)[acc.INTER_NODE]
-    assert check.status == acc.FAIL and check.measured.startswith("300.0 GB/s busbw at 1 GiB")
+    assert blocking(report) == [network_checks.INTER_NODE]
+    check = by_name(report)[network_checks.INTER_NODE]
+    assert check.status == FAIL and check.measured.startswith("300.0 GB/s busbw at 1 GiB")
     assert check.why.startswith("69% of the published figure: first rerun jobs/validate_gpu_efa.sh")
     err = capsys.readouterr().err
-    assert f"problem: {acc.INTER_NODE}: fail: 69% of the published figure" in err
+    assert f"problem: {network_checks.INTER_NODE}: fail: 69% of the published figure" in err
     assert json.loads((results / "report.json").read_text())["verdict"] == "no-go"
 
 
 def test_a_tcp_fallback_is_a_no_go(results):
     shutil.copy(SOCKET_LOG, results / "nccl" / "inter_node" / "all_reduce_perf.log")
     report = acc.assemble(results)
-    assert report.verdict == acc.NO_GO and blocking(report) == [acc.INTER_NODE, acc.TRANSPORT]
-    transport = by_name(report)[acc.TRANSPORT]
+    assert report.verdict == NO_GO and blocking(report) == [network_checks.INTER_NODE, network_checks.TRANSPORT]
+    transport = by_name(report)[network_checks.TRANSPORT]
     assert transport.measured == "NCCL fell back to TCP sockets (NET/Socket), not EFA"
     assert "aws-ofi-nccl plugin was not loaded" in transport.why and "LD_LIBRARY_PATH" in transport.why
-    assert by_name(report)[acc.INTER_NODE].measured.startswith("2.5 GB/s")
+    assert by_name(report)[network_checks.INTER_NODE].measured.startswith("2.5 GB/s")
 
 
 def test_a_tcp_control_run_that_is_not_refused_is_a_no_go(results):
     shutil.copy(EFA_LOG, results / "nccl" / "tcp_control" / "all_reduce_perf.log")  # NCCL_NET=Socket did not apply
     report = acc.assemble(results)
-    assert blocking(report) == [acc.TCP_CONTROL]
-    assert by_name(report)[acc.TCP_CONTROL].measured == "accepted"
-    assert "NCCL_NET=Socket did not reach the ranks" in by_name(report)[acc.TCP_CONTROL].why
+    assert blocking(report) == [network_checks.TCP_CONTROL]
+    assert by_name(report)[network_checks.TCP_CONTROL].measured == "accepted"
+    assert "NCCL_NET=Socket did not reach the ranks" in by_name(report)[network_checks.TCP_CONTROL].why
 
 
 def test_pytorch_s_nccl_on_sockets_is_a_no_go_though_nccl_tests_used_efa(results):
     """One node's torch NCCL found no plugin: the system NCCL of nccl-tests did, and its check passes."""
     shutil.copy(PYTORCH_NCCL / "socket" / "ip-10-1-51-72.40977.log", results / "nccl" / "pytorch")
     report = acc.assemble(results)
-    assert blocking(report) == [acc.PYTORCH_TRANSPORT] and by_name(report)[acc.TRANSPORT].status == acc.PASS
-    check = by_name(report)[acc.PYTORCH_TRANSPORT]
-    assert check.status == acc.FAIL and check.measured == "NCCL fell back to TCP sockets (NET/Socket), not EFA"
+    assert blocking(report) == [network_checks.PYTORCH_TRANSPORT] and by_name(report)[network_checks.TRANSPORT].status == PASS
+    check = by_name(report)[network_checks.PYTORCH_TRANSPORT]
+    assert check.status == FAIL and check.measured == "NCCL fell back to TCP sockets (NET/Socket), not EFA"
     assert "LD_LIBRARY_PATH" in check.why and "torch.cuda.nccl.version()" in check.why
 
 
 @pytest.mark.parametrize("lines, status", [
     # older aws-ofi-nccl releases named their network "AWS Libfabric" and wrote "Selected Provider"
-    (["NET/OFI Selected Provider is efa (found 32 nics)", "Using network AWS Libfabric"], acc.PASS),
-    (["NET/Socket : Using [0]eth0:10.1.34.183<0>", "Using network Socket"], acc.FAIL),
-    (["NET/OFI Selected provider is tcp, fabric is 10.1.0.0/16 (found 1 nics)", "Using network Libfabric"], acc.FAIL),
-    (["NCCL version 2.27.5+cuda12.9"], acc.FAIL),  # no network line: cannot tell, never a pass
+    (["NET/OFI Selected Provider is efa (found 32 nics)", "Using network AWS Libfabric"], PASS),
+    (["NET/Socket : Using [0]eth0:10.1.34.183<0>", "Using network Socket"], FAIL),
+    (["NET/OFI Selected provider is tcp, fabric is 10.1.0.0/16 (found 1 nics)", "Using network Libfabric"], FAIL),
+    (["NCCL version 2.27.5+cuda12.9"], FAIL),  # no network line: cannot tell, never a pass
 ])
 def test_pytorch_s_nccl_transport_reads_the_same_lines_as_nccl_tests(tmp_path, lines, status):
     log = "".join(f"gpu-1:4242:4300 [0] NCCL INFO {line}\n" for line in lines)
     (tmp_path / "gpu-1.4242.log").write_text(log)
-    check = acc.pytorch_transport(tmp_path)
-    verdict = acc.nccl_tests.check_transport(log)  # one parser for both NCCLs
+    check = network_checks.pytorch_transport(tmp_path)
+    verdict = nccl_tests.check_transport(log)  # one parser for both NCCLs
     assert check.status == status and check.needs_gpu
     assert check.measured == (verdict.message if verdict.ok else verdict.message.split(":")[0])
 
@@ -211,20 +217,20 @@ def test_pytorch_s_nccl_transport_reads_the_same_lines_as_nccl_tests(tmp_path, l
 def test_pytorch_s_nccl_without_its_log_is_not_measured_and_blocks(results):
     shutil.rmtree(results / "nccl" / "pytorch")
     report = acc.assemble(results)
-    assert blocking(report) == [acc.PYTORCH_TRANSPORT]
-    check = by_name(report)[acc.PYTORCH_TRANSPORT]
-    assert check.status == acc.NOT_MEASURED and "NCCL_DEBUG_FILE" in check.why
+    assert blocking(report) == [network_checks.PYTORCH_TRANSPORT]
+    check = by_name(report)[network_checks.PYTORCH_TRANSPORT]
+    assert check.status == NOT_MEASURED and "NCCL_DEBUG_FILE" in check.why
 
 
 def test_an_out_of_memory_layout_run_is_a_no_go(results):
     edit_json(results / "layouts" / "model7.json", oom=True, peak_memory_gib=None, losses=None, grad_norms=None)
     report = acc.assemble(results)
-    assert report.verdict == acc.NO_GO
+    assert report.verdict == NO_GO
     checks = by_name(report)
     memory = checks["layout model7: peak GPU memory vs dry run"]
-    assert memory.status == acc.FAIL and memory.measured == "out of memory"
+    assert memory.status == FAIL and memory.measured == "out of memory"
     assert "lower train.micro_batch_size" in memory.why
-    assert checks["layout model7: run completes"].status == acc.FAIL
+    assert checks["layout model7: run completes"].status == FAIL
     assert checks["layout model7: loss finite and decreasing"].why == \
         "fewer than 2 losses recorded (the run failed: out of memory)"
     assert not [n for n in blocking(report) if n.startswith("layout model1")]
@@ -242,15 +248,15 @@ def test_on_a_gpu_cluster_a_gpu_check_not_measured_is_a_no_go(results):
     edit_json(results / "layouts" / "model7.json", compiled_losses=None)
     report = acc.assemble(results)
     check = by_name(report)["layout model7: compiled vs eager losses"]
-    assert check.status == acc.NOT_MEASURED and check.needs_gpu
-    assert report.verdict == acc.NO_GO and blocking(report) == [check.name]
+    assert check.status == NOT_MEASURED and check.needs_gpu
+    assert report.verdict == NO_GO and blocking(report) == [check.name]
 
 
 def test_a_missing_nccl_step_is_not_measured_and_blocks(results):
     shutil.rmtree(results / "nccl" / "inter_node")
     report = acc.assemble(results)
-    assert blocking(report) == [acc.INTER_NODE, acc.TRANSPORT]
-    assert all(by_name(report)[n].status == acc.NOT_MEASURED for n in blocking(report))
+    assert blocking(report) == [network_checks.INTER_NODE, network_checks.TRANSPORT]
+    assert all(by_name(report)[n].status == NOT_MEASURED for n in blocking(report))
 
 
 def test_a_missing_layout_run_is_reported_not_skipped(results):
@@ -258,16 +264,16 @@ def test_a_missing_layout_run_is_reported_not_skipped(results):
     report = acc.assemble(results)
     assert [c.name for c in report.checks] == GPU_CATALOGUE
     run = by_name(report)["layout model1: run completes"]
-    assert run.status == acc.FAIL and "no layouts/model1.json" in run.why
+    assert run.status == FAIL and "no layouts/model1.json" in run.why
 
 
 @pytest.mark.parametrize("part, file, changes, name, why", [
     ("nodes", "gpu-dy-p5e-2", {"health_rc": 1, "health_output": "checking\nfatal NVIDIA Xid 79 in the kernel log"},
-     acc.HEALTH, "gpu-dy-p5e-2: fatal NVIDIA Xid 79 in the kernel log: the prolog drains"),
-    ("nodes", "gpu-dy-p5e-1", {"driver_cuda": "12.2"}, acc.DRIVER, "gpu-dy-p5e-1: the driver is older"),
-    ("nodes", "gpu-dy-p5e-1", {"ecc_uncorrected": 3, "row_remap_pending": True}, acc.ECC,
+     node_checks.HEALTH, "gpu-dy-p5e-2: fatal NVIDIA Xid 79 in the kernel log: the prolog drains"),
+    ("nodes", "gpu-dy-p5e-1", {"driver_cuda": "12.2"}, node_checks.DRIVER, "gpu-dy-p5e-1: the driver is older"),
+    ("nodes", "gpu-dy-p5e-1", {"ecc_uncorrected": 3, "row_remap_pending": True}, node_checks.ECC,
      "gpu-dy-p5e-1: 3 uncorrectable, row remap pending"),
-    ("nodes", "cpu-dy-c7i-1", {"venv_ok": False, "venv_detail": "libcudart.so.12: cannot open"}, acc.VENV,
+    ("nodes", "cpu-dy-c7i-1", {"venv_ok": False, "venv_detail": "libcudart.so.12: cannot open"}, node_checks.VENV,
      "cpu-dy-c7i-1 (cpu): libcudart.so.12: cannot open"),
     ("layouts", "model1", {"losses": [10.4, 10.5, 10.6, 10.7]}, "layout model1: loss finite and decreasing",
      "the loss does not fall"),
@@ -294,7 +300,7 @@ def test_each_failure_blocks_alone_and_says_what_to_do(results, part, file, chan
     path.write_text(json.dumps({**data, **changes}).replace('"NaN"', "NaN"))
     report = acc.assemble(results)
     assert blocking(report) == [name]
-    assert by_name(report)[name].status == acc.FAIL and why in by_name(report)[name].why
+    assert by_name(report)[name].status == FAIL and why in by_name(report)[name].why
 
 
 def test_a_queue_short_of_nodes_and_a_storage_mount_below_provisioned_block(results):
@@ -305,8 +311,8 @@ def test_a_queue_short_of_nodes_and_a_storage_mount_below_provisioned_block(resu
     summary["mounts"] = [{**m, **(vars(result) if m["mount"] == "/fsx/data" else {})} for m in summary["mounts"]]
     (results / "storage" / "summary.json").write_text(json.dumps(summary))
     report = acc.assemble(results)
-    assert blocking(report) == [acc.QUEUES, "storage: /fsx/data read/write vs provisioned"]
-    assert "cpu (0 of 1)" in by_name(report)[acc.QUEUES].why
+    assert blocking(report) == [node_checks.QUEUES, "storage: /fsx/data read/write vs provisioned"]
+    assert "cpu (0 of 1)" in by_name(report)[node_checks.QUEUES].why
     storage = by_name(report)["storage: /fsx/data read/write vs provisioned"]
     assert "below 80% of the provisioned 2,000 MB/s" in storage.why and storage.ratio == pytest.approx(0.465, abs=1e-3)
 
@@ -321,29 +327,29 @@ def test_the_nvlink_check_needs_a_one_node_run(results, log, why):
         shutil.copy(log, target)
     else:
         target.unlink()
-    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
-    assert check.status != acc.PASS and why in check.why
+    check = by_name(acc.assemble(results))[network_checks.INTRA_NODE]
+    assert check.status != PASS and why in check.why
 
 
 def test_a_run_on_fewer_than_8_gpus_per_node_is_not_compared(results):
     log = results / "nccl" / "intra_node" / "all_reduce_perf.log"
     log.write_text("\n".join(line for line in log.read_text().splitlines()
                              if not line.startswith(("#  Rank  6", "#  Rank  7"))))
-    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
-    assert check.status == acc.FAIL and "6 ranks on 1 node(s), not 8 per node" in check.why
+    check = by_name(acc.assemble(results))[network_checks.INTRA_NODE]
+    assert check.status == FAIL and "6 ranks on 1 node(s), not 8 per node" in check.why
 
 
 def test_a_sweep_that_stops_below_1_gib_is_not_compared(results):
     log = results / "nccl" / "intra_node" / "all_reduce_perf.log"
     log.write_text("\n".join(line for line in log.read_text().splitlines() if not line.startswith("  1073741824")))
-    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
-    assert check.status == acc.FAIL and "largest message 256 MiB is below 1 GiB" in check.why
+    check = by_name(acc.assemble(results))[network_checks.INTRA_NODE]
+    assert check.status == FAIL and "largest message 256 MiB is below 1 GiB" in check.why
 
 
 def test_an_unfinished_nccl_run_fails_with_the_parser_s_reason(results):
     (results / "nccl" / "intra_node" / "all_reduce_perf.log").write_text("srun: error: task 3 launch failed\n")
-    check = by_name(acc.assemble(results))[acc.INTRA_NODE]
-    assert check.status == acc.FAIL and "unfinished run" in check.why and "no '#  Rank N Group" in check.why
+    check = by_name(acc.assemble(results))[network_checks.INTRA_NODE]
+    assert check.status == FAIL and "unfinished run" in check.why and "no '#  Rank N Group" in check.why
 
 
 # --- the CPU cluster ---------------------------------------------------------------------------------
@@ -364,10 +370,10 @@ def cpu_results(results) -> Path:
 def test_on_a_cpu_cluster_no_gpu_checks_are_allowed_and_the_verdict_is_go(cpu_results):
     report = acc.assemble(cpu_results)
     assert [c.name for c in report.checks] == GPU_CATALOGUE  # the same checks: none left out
-    not_measured = [c for c in report.checks if c.status == acc.NOT_MEASURED]
+    not_measured = [c for c in report.checks if c.status == NOT_MEASURED]
     assert len(not_measured) == 13 and all(c.needs_gpu and c.why.startswith("no GPU") for c in not_measured)
-    assert all(c.status == acc.PASS for c in report.checks if not c.needs_gpu)
-    assert report.verdict == acc.GO
+    assert all(c.status == PASS for c in report.checks if not c.needs_gpu)
+    assert report.verdict == GO
     assert acc.main(["report", str(cpu_results)]) == 0
     assert (cpu_results / "report.txt").read_text().startswith(
         "acceptance: GO (CPU cluster: checks that need a GPU may be not measured)")
@@ -377,34 +383,34 @@ def test_on_a_cpu_cluster_a_check_that_needs_no_gpu_must_still_run(cpu_results):
     edit_json(cpu_results / "drill" / "drill.json", reference_losses=None)
     report = acc.assemble(cpu_results)
     assert blocking(report) == ["drill: killed rank recovers, losses bit-identical"]
-    assert report.verdict == acc.NO_GO
+    assert report.verdict == NO_GO
 
 
 # --- the rule itself, and bad input --------------------------------------------------------------------
 
-def check(status: str, needs_gpu: bool) -> acc.Check:
-    return acc.Check("x", status, "", "", "", "s", needs_gpu=needs_gpu)
+def check(status: str, needs_gpu: bool) -> Check:
+    return Check("x", status, "", "", "", "s", needs_gpu=needs_gpu)
 
 
 @pytest.mark.parametrize("gpu, checks, verdict", [
-    (True, [check(acc.PASS, True), check(acc.PASS, False)], acc.GO),
-    (True, [check(acc.PASS, False), check(acc.NOT_MEASURED, True)], acc.NO_GO),
-    (True, [check(acc.FAIL, False)], acc.NO_GO),
-    (False, [check(acc.PASS, False), check(acc.NOT_MEASURED, True)], acc.GO),
-    (False, [check(acc.NOT_MEASURED, False)], acc.NO_GO),
-    (False, [check(acc.FAIL, True)], acc.NO_GO),
-    (True, [check("skipped", False)], acc.NO_GO),
-    (True, [], acc.NO_GO),
+    (True, [check(PASS, True), check(PASS, False)], GO),
+    (True, [check(PASS, False), check(NOT_MEASURED, True)], NO_GO),
+    (True, [check(FAIL, False)], NO_GO),
+    (False, [check(PASS, False), check(NOT_MEASURED, True)], GO),
+    (False, [check(NOT_MEASURED, False)], NO_GO),
+    (False, [check(FAIL, True)], NO_GO),
+    (True, [check("skipped", False)], NO_GO),
+    (True, [], NO_GO),
 ])
 def test_the_verdict_rule(gpu, checks, verdict):
-    assert acc.Report(gpu, checks).verdict == verdict
+    assert Report(gpu, checks).verdict == verdict
 
 
 def test_the_plot_draws_checks_without_numbers_and_unbounded_ratios(tmp_path):
-    report = acc.Report(True, [check(acc.NOT_MEASURED, True),
-                               acc.Check("y", acc.FAIL, "9", "1", "", "s", ratio=math.inf, limit=1.0),
-                               acc.Check("z", acc.PASS, "1", "1", "", "s", ratio=5.0, limit=0.8)])
-    report.write(tmp_path)
+    report = Report(True, [check(NOT_MEASURED, True),
+                               Check("y", FAIL, "9", "1", "", "s", ratio=math.inf, limit=1.0),
+                               Check("z", PASS, "1", "1", "", "s", ratio=5.0, limit=0.8)])
+    write_report(report, tmp_path)
     assert (tmp_path / "report.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -435,9 +441,9 @@ def test_drill_runs_that_failed_at_start_up_are_not_measured_never_a_pass(result
     assert "no rank stopped" in capsys.readouterr().out
     report = acc.assemble(results)
     recovery, stall = "drill: killed rank recovers, losses bit-identical", "drill: stalled rank detected"
-    assert blocking(report) == [recovery, stall] and report.verdict == acc.NO_GO
+    assert blocking(report) == [recovery, stall] and report.verdict == NO_GO
     checks = by_name(report)
-    assert {checks[recovery].status, checks[stall].status} == {acc.NOT_MEASURED}
+    assert {checks[recovery].status, checks[stall].status} == {NOT_MEASURED}
     assert not checks[recovery].needs_gpu and not checks[stall].needs_gpu  # blocking on the CPU rehearsal too
     assert "uninterrupted run (drill/reference) logged no loss" in checks[recovery].why
     assert "killed run (drill/recovered) logged no loss after a resume" in checks[recovery].why
@@ -446,9 +452,9 @@ def test_drill_runs_that_failed_at_start_up_are_not_measured_never_a_pass(result
 
 def test_a_stall_check_without_a_stop_time_is_never_a_pass():
     """A missing stop time used to read as "detected in 0 s", a pass."""
-    check = acc.stall_detected("drill", None, 30.0, rank_stopped=False)
-    assert check.status == acc.NOT_MEASURED and check.measured == ""
-    assert acc.stall_detected("drill", 0.0, 30.0, rank_stopped=False).status == acc.NOT_MEASURED
+    check = stall_detected("drill", None, 30.0, rank_stopped=False)
+    assert check.status == NOT_MEASURED and check.measured == ""
+    assert stall_detected("drill", 0.0, 30.0, rank_stopped=False).status == NOT_MEASURED
 
 
 # The drill's allocation: jobs/acceptance.sh's nodes, with one rank per GPU on p5e or NPROC_PER_NODE=2 in
@@ -456,13 +462,13 @@ def test_a_stall_check_without_a_stop_time_is_never_a_pass():
 DRILL_NODES = int(re.search(r"^#SBATCH --nodes=(\d+)", ACCEPTANCE_SH.read_text(), re.M).group(1))
 
 
-@pytest.mark.parametrize("ranks", [DRILL_NODES * acc.GPUS_PER_NODE, DRILL_NODES * 2], ids=["p5e", "rehearsal"])
+@pytest.mark.parametrize("ranks", [DRILL_NODES * network_checks.GPUS_PER_NODE, DRILL_NODES * 2], ids=["p5e", "rehearsal"])
 def test_the_drill_s_config_starts_on_its_allocation(ranks, tmp_path, capsys):
     """The overrides jobs/acceptance.sh takes from drill-args load, and their batch divides over the ranks
     (a fixed global batch of 32 does not on 16 ranks: the drill could not start on 2 x p5e)."""
     assert acc.main(["drill-args", "--ranks", str(ranks)]) == 0
     overrides = capsys.readouterr().out.split()
-    assert overrides == acc.drill_overrides(ranks)
+    assert overrides == drill_overrides(ranks)
     run = tmp_path / "drill" / "reference"  # the drill's own paths, as acceptance.sh passes them
     cfg = load_config(REPO / "jobs/training/configs/tiny.yaml",
                       [f"data.path={tmp_path}/data", f"checkpoint.dir={run}/checkpoints", f"log.dir={run}/logs",
@@ -500,15 +506,15 @@ def test_drill_record_reads_the_runs_the_job_left(tmp_path):
     record = json.loads((tmp_path / "drill.json").read_text())
     assert record["recovered"] and record["resumed_from_step"] == 4 and record["rank_stopped"]
     assert record["resumed_samples"] == {str(s): data[s] for s in range(5, 9)}  # the steps after the resume only
-    checks = acc.drill_checks(record)
-    assert [c.status for c in checks] == [acc.PASS, acc.PASS]  # steps 5-8 identical; 41.5 s <= 30 + grace
+    checks = drill_checks(record)
+    assert [c.status for c in checks] == [PASS, PASS]  # steps 5-8 identical; 41.5 s <= 30 + grace
     # A resume that lost state: the same data, other losses.
     changed = {**record, "resumed_losses": {**record["resumed_losses"], "6": losses[6] + 1e-6}}
-    assert "1 of 4 steps differ (first: step 6) on the same data" in acc.drill_checks(changed)[0].why
+    assert "1 of 4 steps differ (first: step 6) on the same data" in drill_checks(changed)[0].why
     # A resume that lost the data position: other data, whatever the losses.
     changed = {**record, "resumed_samples": {**record["resumed_samples"], "7": data[8], "8": data[7]}}
-    recovery = acc.drill_checks(changed)[0]
-    assert recovery.status == acc.FAIL and "the data differs from step 7 (samples_crc)" in recovery.why
+    recovery = drill_checks(changed)[0]
+    assert recovery.status == FAIL and "the data differs from step 7 (samples_crc)" in recovery.why
 
 
 def test_node_record_runs_the_prolog_s_check_and_the_venv(tmp_path, monkeypatch):
@@ -524,10 +530,10 @@ def test_node_record_runs_the_prolog_s_check_and_the_venv(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURMD_NODENAME", "cpu-dy-c7i-1")
     monkeypatch.setattr(node_record.shutil, "which", lambda name: None)  # a CPU node: no nvidia-smi
     assert node_record.main(["--queue", "cpu", "--out", str(tmp_path / "nodes")]) == 0
-    record = acc.NodeRecord(**json.loads((tmp_path / "nodes" / "cpu_cpu-dy-c7i-1.json").read_text()))
+    record = node_checks.NodeRecord(**json.loads((tmp_path / "nodes" / "cpu_cpu-dy-c7i-1.json").read_text()))
     assert (record.queue, record.gpus_expected, record.health_rc) == ("cpu", 0, 1)
     assert record.health_output.endswith("fatal NVIDIA Xid 79") and record.venv_ok and record.driver_cuda is None
-    assert "fatal NVIDIA Xid 79" in acc.node_health([record]).why
+    assert "fatal NVIDIA Xid 79" in node_checks.node_health([record]).why
 
 
 def test_node_record_reads_the_driver_and_memory_errors_from_nvidia_smi(tmp_path, monkeypatch):
@@ -545,18 +551,18 @@ def test_node_record_reads_the_driver_and_memory_errors_from_nvidia_smi(tmp_path
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     facts = node_record.gpu_facts()
     assert facts == {"driver_cuda": "12.8", "ecc_uncorrected": 2, "row_remap_pending": True, "row_remap_failed": False}
-    record = acc.NodeRecord(node="gpu-1", queue="gpu", gpus_expected=8, torch_cuda="12.9", **facts)
-    assert acc.driver_supports_torch([record]).status == acc.FAIL  # 12.8 driver, 12.9 build
-    assert acc.ecc_clean([record]).status == acc.FAIL
+    record = node_checks.NodeRecord(node="gpu-1", queue="gpu", gpus_expected=8, torch_cuda="12.9", **facts)
+    assert node_checks.driver_supports_torch([record]).status == FAIL  # 12.8 driver, 12.9 build
+    assert node_checks.ecc_clean([record]).status == FAIL
 
 
 @pytest.mark.parametrize("peak, status, said", [
-    (41.7, acc.PASS, "-13%"),  # the compiled 70B recipe on one H100 against the eager dry run's 48.1 GiB
-    (53.4, acc.FAIL, "the dry run is 11% under: production layouts sized from it may not fit"),
-    (33.0, acc.FAIL, "the dry run is 31% over: the plan leaves memory unused"),
+    (41.7, PASS, "-13%"),  # the compiled 70B recipe on one H100 against the eager dry run's 48.1 GiB
+    (53.4, FAIL, "the dry run is 11% under: production layouts sized from it may not fit"),
+    (33.0, FAIL, "the dry run is 31% over: the plan leaves memory unused"),
 ])
 def test_memory_check_allows_the_compiled_job_below_the_eager_dry_run_but_not_above_it(peak, status, said):
-    check = acc.peak_memory("llama2-70b", peak, 48.1)
+    check = peak_memory("llama2-70b", peak, 48.1)
     assert check.status == status
-    assert said in (check.measured if status == acc.PASS else check.why)
+    assert said in (check.measured if status == PASS else check.why)
     assert check.expected == "-25% to +10% of 48.1 GiB predicted"

@@ -311,8 +311,9 @@ def test_bad_plan_settings_are_refused(tmp_path, write_env):
 
 
 def acceptance_report(tmp_path, mfu_ratio: float, memory_ratio: float):
-    """The two checks of one shrunk layout that the plan reads, as cluster_checks.acceptance writes them."""
-    from cluster_checks.acceptance import Report, mfu, peak_memory
+    """The two checks of one shrunk layout that the plan reads, as the acceptance report writes them."""
+    from cluster_checks.layout_checks import mfu, peak_memory
+    from cluster_checks.verdict import Report
 
     expected = 0.312  # the plan's estimate for the shrunk layout (training.sizing.throughput)
     checks = [mfu("llama2-70b", mfu_ratio * expected * 989e12 / 4.4e11, 4.4e11, 989e12, expected),
@@ -342,7 +343,7 @@ def test_plan_measured_scales_the_measured_recipe_and_flags_a_late_model(tmp_pat
 
 
 def test_plan_measured_refuses_a_report_without_layout_figures(tmp_path):
-    from cluster_checks.acceptance import Check, Report
+    from cluster_checks.verdict import Check, Report
 
     report = tmp_path / "report.json"
     report.write_text(Report(gpu=False, checks=[Check.no_gpu("layout llama2-70b: MFU vs plan", ">= 80 %", "x")]).to_json())

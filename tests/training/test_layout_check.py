@@ -15,7 +15,7 @@ import math
 import pytest
 from conftest import REPO, torchrun_script
 
-from cluster_checks.acceptance import INIT_STD_TOLERANCE
+from cluster_checks.layout_checks import INIT_STD_TOLERANCE
 from training.config import ConfigError
 from cluster_config.model_jobs import write_job_files
 from cluster_config.settings import load_settings
