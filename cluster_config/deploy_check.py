@@ -22,9 +22,8 @@ import sys
 import boto3
 import botocore.exceptions
 
-from cluster_config.settings import Settings
+from cluster_config.settings import EXAMPLE_RESERVATIONS, Settings, is_example_account
 
-EXAMPLE_RESERVATIONS = frozenset({"cr-0a1b2c3d4e5f60718", "cr-0a1b2c3d4e5f60729"})  # prod.yaml's
 EXAMPLE_DOMAINS = ("example.com", "example.org", "example.net", "example", "test", "invalid")
 
 
@@ -32,7 +31,7 @@ def example_values(settings: Settings) -> list[str]:
     """The shipped examples still in ``settings``, each with the key that holds it and its fix."""
     source = f"cluster_config/{settings.name}.yaml"
     found = []
-    if len(set(settings.account)) == 1:
+    if is_example_account(settings.account):
         found.append(f"{source} account: {settings.account} is an example; set it to the AWS account you deploy into")
     for reservation in settings.gpu_queue.capacity_reservations:
         if reservation.id in EXAMPLE_RESERVATIONS:

@@ -5,6 +5,9 @@
 too (p5e.48xlarge in ap-southeast-3), which price-list data such as cfn-lint's misses. The check is
 per region: zone names map to different physical zones in each account, so a per-zone list from
 another account would mislead.
+
+``availability_zones.json``, from the same moto data per zone, holds each region's zone names (the
+region's name and a letter), so that a zone the region lacks is refused offline.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from functools import lru_cache
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "instance_offerings.json"
+ZONES = DATA.with_name("availability_zones.json")
+# Zone names some accounts have and moto's account lacks: us-west-1 gives each account two of a, b and c;
+# accounts older than ap-northeast-1's closed zone still see ap-northeast-1b.
+OLDER_ACCOUNTS_ZONES = {"us-west-1": "c", "ap-northeast-1": "b"}
 
 # GPUs of each instance type (EC2 instance types): gpu_queue.gpus_per_instance follows from it, and a
 # different count in the settings is refused (the jobs would ask Slurm for GPUs the nodes lack).
@@ -27,6 +34,19 @@ def _offerings() -> dict[str, dict[str, frozenset[str]]]:
     raw = json.loads(DATA.read_text())
     raw.pop("_about")
     return {region: {family: frozenset(sizes.split()) for family, sizes in families.items()} for region, families in raw.items()}
+
+
+@lru_cache(maxsize=1)
+def _zone_letters() -> dict[str, str]:
+    raw = json.loads(ZONES.read_text())
+    raw.pop("_about")
+    return raw
+
+
+def zones(region: str) -> list[str]:
+    """The region's Availability Zone names, e.g. ap-southeast-3a; empty for a region the data lacks."""
+    letters = set(_zone_letters().get(region, "").split()) | set(OLDER_ACCOUNTS_ZONES.get(region, "").split())
+    return [f"{region}{letter}" for letter in sorted(letters)]
 
 
 def known_regions() -> list[str]:

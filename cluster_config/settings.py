@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from datetime import datetime, timedelta
+import unicodedata
+from datetime import datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from training.config import IDENTITY_KEYS, overridden  # torch-free, from jobs/ (cluster_config/__init__.py)
 
-from cluster_config.offerings import GPUS_PER_INSTANCE, GRAFANA_REGIONS, check_offered
+from cluster_config.offerings import GPUS_PER_INSTANCE, GRAFANA_REGIONS, check_offered, zones
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -55,11 +57,29 @@ class _Strict(BaseModel):
     # are no sane value of anything here.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 and false as 0, and YAML reads true/false, yes/no and on/off as
+        # booleans: `nodes: true` would be one node. No number here is ever written as a boolean.
+        if isinstance(value, bool) and info.field_name:
+            annotation = cls.model_fields[info.field_name].annotation
+            types = get_args(annotation) or (annotation,)  # Optional[float]: (float, NoneType)
+            if bool not in types and (int in types or float in types):
+                kind = "whole number" if int in types else "number"
+                raise ValueError(f"{str(value).lower()} is a boolean, not a {kind} (YAML reads true/false, yes/no and "
+                                 f"on/off as booleans); write a {kind}")
+        return value
+
 
 # SSH allow-list breadth. A private range reaches the head node only over a VPN or peering, an internet
 # range reaches its public address directly: wider than these is everybody, not an allow-list.
 SSH_WIDEST_PREFIX = 8
 SSH_WIDEST_PUBLIC_PREFIX = 16
+# RFC 1918's private ranges. The VPC's block lies in one: addresses inside it are routed within the VPC, so
+# an internet range would hide the hosts that own those addresses from the cluster. AWS also accepts
+# 100.64.0.0/10 (RFC 6598's carrier-grade NAT space, for secondary blocks such as EKS pods) and even
+# public ranges; neither is the cluster's one block, which a VPN or peered network must route to.
 PRIVATE_BLOCKS = tuple(ipaddress.IPv4Network(block) for block in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
@@ -75,6 +95,12 @@ class NetworkSettings(_Strict):
         # AWS accepts /16 to /28; the cluster's subnets need at least a /20.
         if not 16 <= network.prefixlen <= 20:
             raise ValueError(f"{value} is not a usable VPC block; use a /16 to /20 block, e.g. 10.0.0.0/16")
+        if not any(network.subnet_of(block) for block in PRIVATE_BLOCKS):
+            why = ("an internet range, and inside the VPC it would hide the internet hosts at those addresses"
+                   if network.is_global else "not a private range of RFC 1918")
+            raise ValueError(
+                f"{value} is {why}; use a block of RFC 1918's 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16, e.g. 10.0.0.0/16"
+            )
         return value
 
     @field_validator("ssh_allowed_cidrs")
@@ -106,6 +132,14 @@ PCLUSTER_BOOTSTRAP_TIMEOUT_S = 2100
 CAPACITY_BLOCK_MAX_INSTANCES = 64
 # AWS begins terminating a Capacity Block's instances this long before the block ends (EC2 User Guide).
 CAPACITY_BLOCK_END_NOTICE = timedelta(minutes=30)
+# The shipped examples (prod.yaml's Capacity Blocks, the accounts of one repeated digit): `python -m
+# cluster_config deploy-check` refuses them before any deploy, so their dates are illustrations that the
+# settings do not hold against the clock (the shipped files keep loading after their dates).
+EXAMPLE_RESERVATIONS = frozenset({"cr-0a1b2c3d4e5f60718", "cr-0a1b2c3d4e5f60729"})
+
+
+def is_example_account(account: str) -> bool:
+    return len(set(account)) == 1
 
 
 # A bootstrap still running after this long is stuck, and a node waits for the timeout before it is replaced.
@@ -660,6 +694,35 @@ class AlertsSettings(_Strict):
         return value
 
 
+# AWS's tag rules, shared by the services the stacks tag (CloudFormation, EC2, FSx): a key of 1 to 128
+# characters, a value of up to 256, letters, digits, spaces and _ . : / = + - @; keys starting with aws:
+# (in any case) are AWS's own. ParallelCluster reserves parallelcluster: and takes at most 40 tags,
+# keeping the rest of AWS's 50 a resource for its own (pcluster/constants.py MAX_TAGS_COUNT, 3.16.1).
+TAG_KEY_MAX, TAG_VALUE_MAX, MAX_TAGS = 128, 256, 40
+TAG_SYMBOLS = "_.:/=+-@"
+
+
+def _tag_problem(key: str, value: str) -> Optional[str]:
+    """What AWS or ParallelCluster refuses in the tag ``key: value``, with the fix; None when nothing."""
+    if not key:
+        return "a tag has an empty key; name it, or remove the tag"
+    if len(key) > TAG_KEY_MAX:
+        return f"key {key!r} is {len(key)} characters; AWS takes at most {TAG_KEY_MAX}: shorten it"
+    if key.lower().startswith("aws:"):
+        return (f"key {key!r} starts with {key[:4]!r}, a prefix AWS reserves for its own tags (in any case); "
+                f"rename it, e.g. {key[4:] or 'owner'}")
+    if key.startswith("parallelcluster:"):
+        return f"key {key!r} starts with 'parallelcluster:', which ParallelCluster reserves for its own tags; rename it"
+    if len(value) > TAG_VALUE_MAX:
+        return f"{key}: the value is {len(value)} characters; AWS takes at most {TAG_VALUE_MAX}: shorten it"
+    for where, text in ((f"key {key!r}", key), (f"{key}: the value", value)):
+        odd = [c for c in text if unicodedata.category(c)[0] not in "LNZ" and c not in TAG_SYMBOLS]
+        if odd:
+            return (f"{where} holds {odd[0]!r}; AWS tags take letters, digits, spaces and {' '.join(TAG_SYMBOLS)} "
+                    "only: replace it")
+    return None
+
+
 class Settings(_Strict):
     name: str
     account: str
@@ -703,6 +766,18 @@ class Settings(_Strict):
             raise ValueError(f"{value!r} is not an AWS region name, e.g. ap-southeast-3")
         return value
 
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_TAGS:
+            raise ValueError(f"{len(value)} tags, but ParallelCluster takes at most {MAX_TAGS} (AWS allows 50 a "
+                             "resource, and ParallelCluster adds its own); remove some")
+        for key, text in value.items():
+            problem = _tag_problem(key, text)
+            if problem:
+                raise ValueError(problem)
+        return value
+
     @field_validator("cluster_name")
     @classmethod
     def _cluster_name(cls, value: str) -> str:
@@ -714,11 +789,18 @@ class Settings(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Settings":
+    def _cross_checks(self, info: ValidationInfo) -> "Settings":
         if not (self.availability_zone.startswith(self.region) and len(self.availability_zone) == len(self.region) + 1):
             raise ValueError(
                 f"availability_zone {self.availability_zone!r} is not in region {self.region!r}; "
                 f"use the zone of the capacity reservation, e.g. {self.region}a"
+            )
+        region_zones = zones(self.region)  # none for a region without offerings data: check_offered says so below
+        if region_zones and self.availability_zone not in region_zones:
+            raise ValueError(
+                f"availability_zone {self.availability_zone!r} is not a zone of {self.region} (its zones: "
+                f"{', '.join(region_zones)}); use the zone of the capacity reservation (aws ec2 "
+                "describe-capacity-reservations shows it as AvailabilityZone)"
             )
         held = max(self.gpu_queue.reserved_count, self.gpu_queue.min_count)
         if not self.models and held:
@@ -765,6 +847,8 @@ class Settings(_Strict):
                 f"models: the plan needs {planned} nodes{kept} but gpu_queue.max_count is {self.gpu_queue.max_count}; "
                 f"give fewer nodes to some models{', lower spare_nodes' if spares else ''} or raise max_count"
             )
+        if not self._holds_examples():
+            self._check_dates_ahead((info.context or {}).get("now") or datetime.now(timezone.utc))
         start, end = self.goodput.training_start, self.gpu_queue.capacity_end
         if start is not None and end is not None and start >= end:
             raise ValueError(
@@ -774,13 +858,41 @@ class Settings(_Strict):
             )
         return self
 
+    def _holds_examples(self) -> bool:
+        """Whether the shipped example account or Capacity Blocks are still in (deploy-check refuses them)."""
+        reservations = {r.id for r in self.gpu_queue.capacity_reservations}
+        return is_example_account(self.account) or bool(reservations & EXAMPLE_RESERVATIONS)
+
+    def _check_dates_ahead(self, now: datetime) -> None:
+        # A date typed in the past (the wrong year) would pass every other check: the plan would count the
+        # models' days from a start long gone and call every finish early.
+        at = f"(it is now {now.isoformat(timespec='minutes')})"
+        for index, block in enumerate(self.gpu_queue.capacity_reservations):
+            if block.end is not None and block.end <= now:
+                raise ValueError(
+                    f"gpu_queue.capacity_reservations.{index}.end: {block.end.isoformat()} has passed {at}, and no node "
+                    f"starts in an ended Capacity Block; set the end of {block.id} (aws ec2 describe-capacity-reservations "
+                    f"--capacity-reservation-ids {block.id} shows it as EndDate), or, to destroy the environment after "
+                    "the block, remove end"
+                )
+        start = self.goodput.training_start
+        if start is not None and start <= now:
+            raise ValueError(
+                f"goodput.training_start: {start.isoformat()} has passed {at}, and the plan counts the models' days "
+                "from it to check them against the Capacity Blocks' end; set when the models' jobs will start, or "
+                "remove training_start once they have started"
+            )
+
 
 def available_environments(config_dir: Path = CONFIG_DIR) -> list[str]:
     return sorted(path.stem for path in config_dir.glob("*.yaml"))
 
 
-def load_settings(env_name: str, config_dir: Path = CONFIG_DIR) -> Settings:
-    """Read ``<config_dir>/<env_name>.yaml`` into validated ``Settings`` or raise ``SettingsError``."""
+def load_settings(env_name: str, config_dir: Path = CONFIG_DIR, now: Optional[datetime] = None) -> Settings:
+    """Read ``<config_dir>/<env_name>.yaml`` into validated ``Settings`` or raise ``SettingsError``.
+
+    ``now`` (with its zone; default: the current time) is what the Capacity Blocks' end and the training
+    start must lie after."""
     path = config_dir / f"{env_name}.yaml"
     if not path.is_file():
         available = ", ".join(available_environments(config_dir)) or "none"
@@ -797,7 +909,7 @@ def load_settings(env_name: str, config_dir: Path = CONFIG_DIR) -> Settings:
     if raw.get("name", env_name) != env_name:
         raise SettingsError(f"{path}: name: {raw['name']!r} differs from the file name; set name: {env_name}")
     try:
-        return Settings(**{**raw, "name": env_name})
+        return Settings.model_validate({**raw, "name": env_name}, context={"now": now})
     except ValidationError as exc:
         raise SettingsError(_describe(path, exc)) from None
 

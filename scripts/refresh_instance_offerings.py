@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Regenerate cluster_config/instance_offerings.json from moto's DescribeInstanceTypeOfferings data.
+"""Regenerate cluster_config/instance_offerings.json and availability_zones.json from moto's
+DescribeInstanceTypeOfferings data.
 
 moto ships, per region, the instance types EC2's DescribeInstanceTypeOfferings returned when its
 data was last refreshed (including reservation-only types such as p5e.48xlarge, which cfn-lint's
-price-list data misses). Settings check every instance type against this file at synth, offline,
-without importing moto. Refresh it after upgrading moto in requirements-dev.txt:
+price-list data misses), and per zone the same offerings, whose locations are the region's zones.
+Settings check every instance type and the zone against these files at synth, offline, without
+importing moto. Refresh them after upgrading moto in requirements-dev.txt:
 
     .venv/bin/python scripts/refresh_instance_offerings.py
 """
@@ -19,7 +21,9 @@ from pathlib import Path
 import moto
 
 OUT = Path(__file__).resolve().parent.parent / "cluster_config" / "instance_offerings.json"
+ZONES_OUT = OUT.with_name("availability_zones.json")
 SOURCE = Path(moto.__file__).parent / "ec2" / "resources" / "instance_type_offerings" / "region"
+ZONES_SOURCE = SOURCE.with_name("availability-zone")
 
 
 def main() -> None:
@@ -39,6 +43,22 @@ def main() -> None:
     lines += [f"  {json.dumps(region)}: {json.dumps(families, separators=(',', ':'))}" for region, families in regions.items()]
     OUT.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     print(f"{OUT}: {len(regions)} regions, {sum(len(s.split()) for r in regions.values() for s in r.values())} offerings, from {header['source']}")
+    write_zones()
+
+
+def write_zones() -> None:
+    zones = {}
+    for path in sorted(ZONES_SOURCE.glob("*.json.gz")):
+        region = path.name.removesuffix(".json.gz")
+        offerings = json.loads(gzip.decompress(path.read_bytes()))
+        # {"ap-southeast-3": "a b c"}: the zone names are the region's name and these letters.
+        zones[region] = " ".join(sorted({item["Location"].removeprefix(region) for item in offerings}))
+    header = {"source": f"moto {version('moto')} ec2/resources/instance_type_offerings/availability-zone",
+              "refresh": "python scripts/refresh_instance_offerings.py"}
+    lines = [f'  "_about": {json.dumps(header)}']
+    lines += [f"  {json.dumps(region)}: {json.dumps(letters)}" for region, letters in zones.items()]
+    ZONES_OUT.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    print(f"{ZONES_OUT}: {len(zones)} regions, {sum(len(z.split()) for z in zones.values())} zones, from {header['source']}")
 
 
 if __name__ == "__main__":

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import datetime, timezone
 
 import pytest
 
 from cluster_config import __main__ as cli
 from cluster_config.goodput import p_no_spare, poisson_quantile
+from cluster_config.offerings import known_regions, zones
 from cluster_config.settings import SettingsError, load_settings
 from tests.settings_files import write_env
+
+# prod.yaml with an account and Capacity Blocks of one's own: the settings of a real deploy, whose dates
+# count (the shipped examples' dates are illustrations; deploy-check refuses the examples themselves).
+OWN_BLOCKS = {"account": "123456789012", "gpu_queue__capacity_reservations__0__id": "cr-0123456789abcdef0",
+              "gpu_queue__capacity_reservations__1__id": "cr-0123456789abcdef1"}
 
 MUTATIONS = [
     # GPUs per instance follow from the instance type.
@@ -65,6 +72,39 @@ MUTATIONS = [
     ("dev", {"models__1__overrides": {"data.path": "/fsx/data/other"}},
      "models.1: model2: overrides set data.path, which the entry sets itself; set dataset: in the entry instead"),
     ("dev", {"models__1__overrides": {"train.steps": 5}}, "set steps: in the entry instead"),
+    # A public range as the VPC's block: inside the VPC those addresses would be the VPC's.
+    ("prod", {"network__vpc_cidr": "8.8.0.0/16"},
+     "network.vpc_cidr: 8.8.0.0/16 is an internet range, and inside the VPC it would hide the internet hosts at those "
+     "addresses; use a block of RFC 1918's 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16, e.g. 10.0.0.0/16"),
+    ("dev", {"network__vpc_cidr": "100.64.0.0/16"}, "network.vpc_cidr: 100.64.0.0/16 is not a private range of RFC 1918"),
+    # AWS's tag rules.
+    ("prod", {"tags__aws:owner": "ml-team"},
+     "tags: key 'aws:owner' starts with 'aws:', a prefix AWS reserves for its own tags (in any case); rename it, e.g. owner"),
+    ("dev", {"tags__AWS:Owner": "ml-team"}, "tags: key 'AWS:Owner' starts with 'AWS:', a prefix AWS reserves"),
+    ("prod", {"tags__description": "x" * 300},
+     "tags: description: the value is 300 characters; AWS takes at most 256: shorten it"),
+    ("prod", {"tags__" + "k" * 129: "x"}, "is 129 characters; AWS takes at most 128: shorten it"),
+    ("prod", {"tags__cost-center!": "42"},
+     "tags: key 'cost-center!' holds '!'; AWS tags take letters, digits, spaces and _ . : / = + - @ only: replace it"),
+    ("dev", {"tags__owner": "ml-team, infra"}, "tags: owner: the value holds ','; AWS tags take letters"),
+    ("dev", {"tags__parallelcluster:queue": "gpu"},
+     "tags: key 'parallelcluster:queue' starts with 'parallelcluster:', which ParallelCluster reserves"),
+    ("dev", {"tags": {f"tag{i}": "x" for i in range(41)}}, "tags: 41 tags, but ParallelCluster takes at most 40"),
+    # A zone the region does not have (offline: cluster_config/availability_zones.json).
+    ("prod", {"availability_zone": "ap-southeast-3z"},
+     "availability_zone 'ap-southeast-3z' is not a zone of ap-southeast-3 (its zones: ap-southeast-3a, ap-southeast-3b, "
+     "ap-southeast-3c); use the zone of the capacity reservation"),
+    ("dev", {"availability_zone": "us-east-1g"}, "availability_zone 'us-east-1g' is not a zone of us-east-1"),
+    # Dates long past, on Capacity Blocks of one's own (the clock of the test run).
+    ("prod", {**OWN_BLOCKS, "gpu_queue__capacity_reservations__0__end": "2020-01-18T11:30:00Z",
+              "gpu_queue__capacity_reservations__1__end": "2020-01-18T11:30:00Z",
+              "goodput__training_start": "2020-01-04T13:30:00Z"},
+     "gpu_queue.capacity_reservations.0.end: 2020-01-18T11:30:00+00:00 has passed (it is now "),
+    # A boolean is not a count: pydantic would take true as 1.
+    ("prod", {"models__0__nodes": True},
+     "models.0.nodes: true is a boolean, not a whole number (YAML reads true/false, yes/no and on/off as booleans); "
+     "write a whole number"),
+    ("prod", {"plan__mfu": True}, "plan.mfu: true is a boolean, not a number"),
 ]
 
 
@@ -83,10 +123,78 @@ def test_mutation_is_refused_naming_the_field(tmp_path, env, changes, message):
     ("prod", {"gpu_queue__gpus_per_instance": 8}),  # the instance type's own count, written out
     ("dev", {"models": []}),  # nothing reserved, nothing static: no model, no cost
     ("dev", {"storage__logs__mount_dir": "/mnt/logs"}),
+    ("prod", {"network__vpc_cidr": "172.16.0.0/16"}),  # every RFC 1918 range
+    ("prod", {"network__vpc_cidr": "192.168.0.0/20"}),
+    ("prod", {"tags__cost-center": "Ünïcode 42 _.:/=+-@", "tags__empty": ""}),  # AWS's characters, an empty value
+    ("prod", {"tags__" + "k" * 128: "v" * 256}),  # the longest key and value
+    ("prod", {"availability_zone": "ap-southeast-3c"}),
+    ("prod", {"containers": True}),  # a boolean where one belongs
 ])
 def test_sane_values_still_load(tmp_path, env, changes):
     write_env(tmp_path, env, **changes)
     load_settings(env, config_dir=tmp_path)
+
+
+# Every count and amount of the settings, each refusing a boolean by its own name.
+NUMBERS = ["models__0__nodes", "models__0__seq_len", "models__0__global_batch_size", "models__0__steps",
+           "gpu_queue__min_count", "gpu_queue__max_count", "gpu_queue__spare_nodes", "gpu_queue__capacity_end_lead_min",
+           "gpu_queue__capacity_reservations__0__instance_count", "gpu_queue__price_per_instance_hour_usd",
+           "gpu_queue__root_volume__size_gib", "gpu_queue__root_volume__iops", "gpu_queue__root_volume__throughput_mib_s",
+           "cpu_queue__min_count", "cpu_queue__max_count", "head_node__root_volume_gib", "head_node__bootstrap_timeout_s",
+           "compute_bootstrap_timeout_s", "storage__data__storage_capacity_gib", "storage__data__throughput_per_tib",
+           "storage__data_read_mb_s_per_gpu", "plan__mfu", "plan__deadline_days", "plan__vocab_size",
+           "plan__memory_headroom", "plan__gpu_memory_gib", "plan__gpu_peak_tflops", "goodput__failures_per_1000_node_days",
+           "goodput__recovery_s", "goodput__node_replacement_min", "goodput__stragglers_per_1000_node_days",
+           "goodput__straggler_slowdown", "goodput__straggler_unattended_h", "goodput__min_ettr", "alerts__stall_floor_s"]
+
+
+@pytest.mark.parametrize("key", NUMBERS)
+@pytest.mark.parametrize("boolean", [True, False])
+def test_a_boolean_is_no_number(tmp_path, key, boolean):
+    write_env(tmp_path, "prod", **{key: boolean})
+    with pytest.raises(SettingsError) as caught:
+        load_settings("prod", config_dir=tmp_path)
+    field = key.replace("__", ".")
+    assert f"{field}: {str(boolean).lower()} is a boolean, not a" in str(caught.value)
+
+
+NOW = datetime(2026, 11, 28, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"gpu_queue__capacity_reservations__1__end": "2026-11-27T11:30:00Z", "goodput__training_start": "2026-11-20T00:00:00Z"},
+     "gpu_queue.capacity_reservations.1.end: 2026-11-27T11:30:00+00:00 has passed (it is now 2026-11-28T00:00+00:00), and "
+     "no node starts in an ended Capacity Block; set the end of cr-0123456789abcdef1 (aws ec2 "
+     "describe-capacity-reservations --capacity-reservation-ids cr-0123456789abcdef1 shows it as EndDate), or, to "
+     "destroy the environment after the block, remove end"),
+    ({"goodput__training_start": "2020-01-04T13:30:00Z"},
+     "goodput.training_start: 2020-01-04T13:30:00+00:00 has passed (it is now 2026-11-28T00:00+00:00), and the plan "
+     "counts the models' days from it to check them against the Capacity Blocks' end; set when the models' jobs will "
+     "start, or remove training_start once they have started"),
+])
+def test_dates_already_past_are_refused(tmp_path, changes, message):
+    path = write_env(tmp_path, "prod", **OWN_BLOCKS, **changes)
+    with pytest.raises(SettingsError) as caught:
+        load_settings("prod", config_dir=tmp_path, now=NOW)
+    assert str(path) in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_dates_ahead_load_and_the_shipped_examples_never_expire(tmp_path):
+    write_env(tmp_path, "prod", **OWN_BLOCKS)
+    assert load_settings("prod", config_dir=tmp_path, now=NOW).goodput.training_start > NOW
+    # The shipped prod.yaml's blocks and account are examples, refused by deploy-check: their dates are
+    # illustrations, and the file keeps loading after them.
+    later = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert load_settings("prod", now=later).gpu_queue.capacity_end < later
+    with pytest.raises(SettingsError, match="gpu_queue.capacity_reservations.0.end: 2027-01-18T11:30:00"):
+        load_settings("prod", config_dir=tmp_path, now=later)
+
+
+def test_every_region_with_offerings_data_has_its_zones():
+    assert [region for region in known_regions() if not zones(region)] == []
+    assert zones("ap-southeast-3") == ["ap-southeast-3a", "ap-southeast-3b", "ap-southeast-3c"]
+    assert "us-west-1c" in zones("us-west-1")  # some accounts' second zone there, not moto's account's
 
 
 def test_an_unknown_gpu_instance_type_needs_its_gpu_count(tmp_path):
