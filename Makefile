@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps deps-cdk demo test test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk deps-pcluster demo test test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -46,6 +46,7 @@ node_modules/.installed: package.json package-lock.json
 	mkdir -p .build && touch $@
 
 deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.installed  ## install what synth/plan/lint need (no root)
+deps-pcluster: .venv-pcluster/.installed  ## install ParallelCluster 3.16.1's CLI, pcluster, into .venv-pcluster (no root; docs/deploy.md#the-workstation)
 deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages)
 
 # --- the CDK app -------------------------------------------------------------------------------
@@ -107,5 +108,9 @@ bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 gpu-check:  ## on a machine with one GPU: the GPU-only branches in ~8 min (docs/acceptance.md); report in benchmarks/results/
 	$(PY) -m benchmarks.gpu_check
 
-clean:  ## remove build outputs (keeps the venv)
-	rm -rf cdk.out benchmarks/results
+# Build outputs only: never a tracked file, an install (.venv*, node_modules/, .build/), benchmark results or
+# the local cluster's state (make cluster-down removes that).
+clean:  ## remove build outputs: cdk.out/, .pytest_cache/, __pycache__/ (keeps installs, benchmark results, the local cluster)
+	rm -rf cdk.out .pytest_cache
+	find . \( -name '.venv*' -o -name node_modules -o -name .build -o -name .local_cluster -o -name .git \) -prune \
+	  -o -name __pycache__ -type d -prune -exec rm -rf {} +
