@@ -33,7 +33,9 @@ RETENTION_DAYS = 150
 # The GPU fields of docs/monitoring.md, as (field, Prometheus type) for the DCGM exporter's counters file:
 # one series per GPU each, so the exporter collects nothing the keep list would drop.
 DCGM_FIELDS = (
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge"),  # the last XID error code, 0 for none
+    # Each GPU's Xids by code over the exporter's window (5 min): every one, where DCGM_FI_DEV_XID_ERRORS held only
+    # the last. One series per GPU (without `xid`, 0) when there is none, so it costs what that field did.
+    ("DCGM_EXP_XID_ERRORS_COUNT", "gauge"),
     ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
     ("DCGM_FI_DEV_GPU_UTIL", "gauge"),
     ("DCGM_FI_DEV_FB_USED", "gauge"),

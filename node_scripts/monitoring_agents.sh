@@ -90,7 +90,7 @@ read_settings() {
       GPU_QUEUE) [[ "$value" =~ ^[a-z][a-z0-9-]*$ ]] || die "$file: GPU_QUEUE '$value' is not a queue name"; GPU_QUEUE="$value" ;;
       SCRAPE_INTERVAL) [[ "$value" =~ ^[1-9][0-9]*s$ ]] || die "$file: SCRAPE_INTERVAL '$value' is not seconds like 30s"; SCRAPE_INTERVAL="$value" ;;
       KEEP_METRICS) [[ "$value" =~ ^[A-Za-z0-9_:|.*]+$ ]] || die "$file: KEEP_METRICS '$value' is not a metric-name regex"; KEEP_METRICS="$value" ;;
-      DCGM_FIELDS) [[ "$value" =~ ^(DCGM_FI_[A-Z0-9_]+:(gauge|counter) ?)+$ ]] || die "$file: DCGM_FIELDS '$value' is not FIELD:gauge|counter ..."; DCGM_FIELDS="$value" ;;
+      DCGM_FIELDS) [[ "$value" =~ ^(DCGM_(FI|EXP)_[A-Z0-9_]+:(gauge|counter) ?)+$ ]] || die "$file: DCGM_FIELDS '$value' is not FIELD:gauge|counter ..."; DCGM_FIELDS="$value" ;;
       NODE_COLLECTORS) [[ "$value" =~ ^[a-z_]+( [a-z_]+)*$ ]] || die "$file: NODE_COLLECTORS '$value' is not collector names"; NODE_COLLECTORS="$value" ;;
       *) die "$file: unknown key '$key'; this script and the cluster stack disagree, redeploy both" ;;
     esac
@@ -213,7 +213,7 @@ dcgm_exporter() {
     install -D -m 0755 "$TOOLS/dcgm-exporter-$tag/dcgm-exporter" "$NODE_ROOT/opt/dcgm-exporter-$tag/dcgm-exporter"
     CHANGED+=(dcgm_exporter)
   fi
-  # Only the fields docs/monitoring.md names: one series per GPU each.
+  # Only the fields docs/monitoring.md names: one series per GPU each (DCGM_EXP_*: the exporter's own, from DCGM's).
   write_file 0644 "$DCGM_COUNTERS" dcgm_exporter < <(
     echo "# Written by monitoring_agents.sh: DCGM field, Prometheus type, help."
     for field in $DCGM_FIELDS; do

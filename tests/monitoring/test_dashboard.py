@@ -90,7 +90,7 @@ def test_dashboard_shows_what_on_call_needs(dashboard):
                    "llm_training_eta_timestamp_seconds", "llm_training_deadline_timestamp_seconds",
                    "llm_training_last_progress_timestamp_seconds", "llm_training_recoveries_total",
                    "llm_training_last_checkpoint_timestamp_seconds", "llm_slurm_nodes", "llm_slurm_node_unavailable",
-                   "llm_slurm_jobs", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL",
+                   "llm_slurm_jobs", "DCGM_EXP_XID_ERRORS_COUNT", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL",
                    "llm_fsx_free_bytes", "llm_fsx_size_bytes"):
         assert metric in used, f"no panel shows {metric}"
     assert any(name.startswith("node_infiniband_") for name in used)
