@@ -147,7 +147,7 @@ smi_field() {
 # manager has not set up NVLink and CUDA does not start. What this nvidia-smi cannot show (exit 2: it has no
 # -q, as on the stand-in nodes; 3, 13: not on this GPU or driver; a section N/A) is said and skipped.
 check_gpu_state() {
-  local switches=$1 smi rc=0 pending gpu="" state="" status="" fabric
+  local switches=$1 smi rc=0 pending failed gpu="" state="" status="" fabric
   smi="$(timeout 60 nvidia-smi -q 2>&1)" || rc=$?
   case $rc in
     0) ;;
@@ -160,7 +160,8 @@ check_gpu_state() {
   else
     gpu="$(awk -F'\t' '$2 == "Yes" { print $1; exit }' <<<"$pending")"
     [[ -z $gpu ]] || fail "GPU $gpu has a memory row remap pending (nvidia-smi -q -d ROW_REMAPPER): it needs a GPU reset"
-    gpu="$(smi_field "Remapped Rows" "Remapping Failure Occurred" | awk -F'\t' '$2 == "Yes" { print $1; exit }')"
+    failed="$(smi_field "Remapped Rows" "Remapping Failure Occurred")"
+    gpu="$(awk -F'\t' '$2 == "Yes" { print $1; exit }' <<<"$failed")"
     [[ -z $gpu ]] || fail "GPU $gpu failed to remap a memory row (nvidia-smi -q -d ROW_REMAPPER): the GPU needs replacing"
   fi
   ((switches > 0)) || return 0
