@@ -3,14 +3,26 @@
 # and by hand on the head node, for the project's Python tools (status, upload, dry run):
 #   cd /opt/llm-jobs/bundle && source jobs/env.sh && python -m training.status model1
 # Everything here is a default that the submitting shell may override, which is how the
-# same scripts run on ParallelCluster and on the local test cluster.
+# same scripts run on ParallelCluster and on the local test cluster; except the FSx folders of a
+# model's training (jobs/train.sh, jobs/submit.sh), which come from here and cluster.env only.
 # shellcheck shell=bash
 
-# What the deployment knows (CHECKPOINT_S3_URI: the checkpoint bucket), written by the node setup.
-if [[ -f ${CLUSTER_ENV:-/opt/llm-jobs/cluster.env} ]]; then
+# What the deployment knows (CHECKPOINT_S3_URI: the checkpoint bucket), written by the node setup as root.
+# It may name the FSx folders too (the local cluster's tests give each job its own that way), so only
+# root's counts: one a user wrote would move a model's folders as the submitting shell's FSX_* would.
+_cluster_env="${CLUSTER_ENV:-/opt/llm-jobs/cluster.env}"
+if [[ -f $_cluster_env ]]; then
+  if [[ $(stat -c %u "$_cluster_env") != 0 ]]; then
+    _owner=$(stat -c %U "$_cluster_env")
+    [[ $_owner != UNKNOWN ]] || _owner=$(stat -c %u "$_cluster_env")  # a uid with no user on this node
+    echo "error: CLUSTER_ENV $_cluster_env is not root's (owner $_owner) — the deployment's facts are root's file (/opt/llm-jobs/cluster.env, written by the node setup); unset CLUSTER_ENV, or give it to root" >&2
+    unset _cluster_env _owner
+    return 2
+  fi
   # shellcheck disable=SC1090
-  source "${CLUSTER_ENV:-/opt/llm-jobs/cluster.env}"
+  source "$_cluster_env"
 fi
+unset _cluster_env
 
 # FSx for Lustre mount points (ParallelCluster SharedStorage MountDir, see cluster_config/).
 export FSX_DATA="${FSX_DATA:-/fsx/data}"

@@ -4,8 +4,10 @@
 #   bash jobs/submit.sh acceptance [sbatch options]   the day-one acceptance run (jobs/acceptance.sh)
 # Refuses a user without the Slurm account of the job (a Session Manager login, ssm-user; the cluster's
 # user for a model) naming the user to become: the model's own (`sudo su - MODEL`), or the cluster's for
-# the acceptance run. Runs `python -m training.preflight` with the same arguments (config parses; dataset exists and
-# matches seq_len, vocabulary and dtype; its tokenizer loads; checkpoint folder writable). On a
+# the acceptance run. Runs `python -m training.preflight` with the same arguments (the config parses and
+# is the model's own, refused as the job's trainer would refuse it: identity keys, another model's config
+# or data; dataset exists and matches seq_len, vocabulary and dtype; its tokenizer loads; model.init_from;
+# checkpoint and log folders writable or creatable, nothing created). On a
 # problem it prints `error: <what> — <fix>` and exits 2 without taking any node; else it runs
 # `sbatch jobs/train_MODEL.sh` with the arguments (SBATCH_* variables still apply). The script and
 # the model's config come with the cluster's settings (cluster_config/model_jobs.py).
@@ -13,6 +15,8 @@ set -euo pipefail
 MODEL="${1:?usage: submit.sh MODEL [--config FILE] [section.key=value ...]}"
 shift
 JOBS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# A model's folders are the cluster's (env.sh, cluster.env), never this shell's: see jobs/train.sh.
+unset FSX_DATA FSX_CHECKPOINTS FSX_LOGS
 # shellcheck source=jobs/env.sh
 source "$JOBS_DIR/env.sh"
 # Accounting is enforced: a model's jobs run as the model's own user, under its account (so that no job

@@ -4,8 +4,10 @@
 # derived from the model's entry in the settings (cluster_config/model_jobs.py) and shipped with jobs/:
 #   sbatch jobs/train_model1.sh [--config FILE] [section.key=value ...]   (from the bundle's root)
 # The run is the model's own (the trainer's --model): name=, checkpoint.dir=, log.dir=, log.tensorboard_dir=
-# and data.path= are refused as arguments, a user error (exit 2, no requeue), since its STATUS,
-# FAILURE and logs are read from the model's folders below.
+# and data.path= are refused as arguments, and so are a config (--config, TRAIN_CONFIG) naming another
+# model or other data than jobs/models/<model>.yaml and a second --model: a user error (exit 2, no
+# requeue), since its STATUS, FAILURE and logs are read from the model's folders below. The FSx folders
+# are the cluster's: env.sh's, or those cluster.env (root's) names, never the submitting shell's FSX_*.
 #
 # The #SBATCH block of the model scripts, explained once here:
 #   --job-name=<model>         names the job and, through %x, its log files
@@ -56,6 +58,10 @@ MODEL=$1
 shift
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 pythonpath_at_submit="${PYTHONPATH:-}"
+# sbatch passes the submitting shell's environment on: FSX_* left there (an old session's, a test's) would
+# move the run's checkpoints and logs from where train.sh, monitoring and the backups look, and a link
+# there could hand it another model's data.
+unset FSX_DATA FSX_CHECKPOINTS FSX_LOGS
 # shellcheck source=jobs/env.sh
 source "$JOBS_DIR/env.sh"
 

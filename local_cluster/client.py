@@ -154,6 +154,19 @@ def give_to(user: str, *paths: Path) -> None:
                 os.chown(os.path.join(folder, name), entry.pw_uid, entry.pw_gid)
 
 
+def job_folders(fsx: Path, root: str) -> dict[str, str]:
+    """The environment that gives a model's test job checkpoint and log folders of its own, /fsx/<root>/{checkpoints,
+    logs}, so that jobs never share a ``latest``. A model's job takes its FSx folders from the cluster, never from
+    the submitting shell (jobs/train.sh): from cluster.env, which must be root's, as the node setup writes
+    /opt/llm-jobs/cluster.env; so the test writes one, as root, in a folder of root's beside the job's."""
+    path = fsx / f"{root}.env"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# The folders of test job {root} (local_cluster/client.py job_folders).\n"
+                    f"export FSX_CHECKPOINTS=/fsx/{root}/checkpoints FSX_LOGS=/fsx/{root}/logs\n")
+    os.chown(path, 0, 0)
+    return {"CLUSTER_ENV": f"/fsx/{root}.env"}
+
+
 def as_user(user: str, typed: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``typed`` as ``user`` the way the runbook has it (``local_cluster/as_user.sh``: a login, ``sudo su -
     <user>``, ``cd /opt/llm-jobs/bundle``); its exit status is what ``typed`` returned."""

@@ -6,7 +6,8 @@
     state, code = job.wait()
 
 Each job gets its own checkpoint and log folders under /fsx/tests/recovery/<name>-<id>/ (FSX_CHECKPOINTS
-and FSX_LOGS), so jobs never share a ``latest``; Slurm's own output goes to /fsx/logs/<model>/ as in
+and FSX_LOGS, from a cluster.env of root's: ``job_folders``), so jobs never share a ``latest``; Slurm's own
+output goes to /fsx/logs/<model>/ as in
 production (dev's model1 by default; ``TrainingJob(cluster, name, model="model2")`` for its 1-node share).
 The job is submitted and runs as the model's own user, as on the cluster (docs/cluster.md, "Seven models,
 seven users"), who owns its folders; the faults are root's, as a failing node's or an operator's are.
@@ -22,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from local_cluster.client import LocalCluster, give_to, hostnames, slurm_cluster_name, slurm_conf_env
+from local_cluster.client import LocalCluster, give_to, hostnames, job_folders, slurm_cluster_name, slurm_conf_env
 from training.status import read_metrics
 
 TINY = ("--config", "jobs/training/configs/tiny.yaml")
@@ -47,8 +48,7 @@ class TrainingJob:
             give_to(self.model, output)
         self.host_root.mkdir(parents=True, exist_ok=True)
         give_to(self.model, self.host_root)
-        env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
-               "OMP_NUM_THREADS": "1", **extra_env}
+        env = {**job_folders(self.cluster.fsx, self.root), "OMP_NUM_THREADS": "1", **extra_env}
         self.id = self.cluster.sbatch(f"jobs/train_{self.model}.sh", *TINY, *overrides, env=env,
                                       options=[*OPTIONS, *options], user=self.model)
         return self

@@ -47,7 +47,7 @@ def _summary(records: list[dict], setup: str) -> dict:
 
 def _on_slurm(steps: int) -> dict | None:
     sys.path.insert(0, str(REPO))
-    from local_cluster.client import LocalCluster, give_to, unsupported_reason
+    from local_cluster.client import LocalCluster, give_to, job_folders, unsupported_reason
 
     if unsupported_reason():
         return None
@@ -62,7 +62,7 @@ def _on_slurm(steps: int) -> dict | None:
     give_to("model1", cluster.fsx / root)
     # The two local "nodes" share this machine's cores: one thread per worker, as torchrun sets
     # on the host fallback, instead of each node's worker using every core.
-    env = {"FSX_CHECKPOINTS": f"/fsx/{root}/checkpoints", "FSX_LOGS": f"/fsx/{root}/logs", "OMP_NUM_THREADS": "1"}
+    env = {**job_folders(cluster.fsx, root), "OMP_NUM_THREADS": "1"}  # a model's job takes FSX_* from cluster.env
     job = cluster.sbatch("jobs/train_model1.sh", *overrides(steps), env=env, options=["--nodes=2", "--gpus-per-node=0"],
                          user="model1")
     try:

@@ -26,10 +26,26 @@ MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "models"  # jobs/models/<m
 
 # What makes a run a model's own: its name, the folders named after it (where jobs/train.sh reads the
 # run's STATUS and FAILURE) and the data its settings entry gives it. Overridden, a model's job would
-# write into another model's checkpoints or train on another's data: a model's job refuses them as
-# arguments (``load_config(..., model=...)``), and the settings refuse them as a model's overrides.
+# write into another model's checkpoints or train on another's data. A model's job (``load_config(...,
+# model=...)``) takes them from the model's own config, jobs/models/<model>.yaml: it refuses them as
+# arguments, refuses a config file that names another model or sets the folders, and refuses a config
+# whose data.path is not the own config's; the settings refuse them as a model's overrides.
 IDENTITY_KEYS = ("name", "checkpoint.dir", "log.dir", "log.tensorboard_dir", "data.path")
 MODEL_FOLDERS = ("checkpoint.dir", "log.dir", "log.tensorboard_dir")  # empty: derived from the name
+# What a run reads besides its data. A model's job reads no other model's data, checkpoints or exports
+# through them, unless its own config (its settings entry) names that same path: sharing is the settings'
+# decision. Folders of no model (/fsx/data/weights/, released weights) are anyone's.
+READ_KEYS = ("eval.path", "model.init_from")
+
+
+def model_config_file(model: str) -> Path:
+    """The model's own training config, derived from its settings entry and shipped in the jobs bundle."""
+    return MODEL_CONFIGS / f"{model}.yaml"
+
+
+def cluster_models() -> list[str]:
+    """The models of this cluster: those with a config in the jobs bundle."""
+    return sorted(path.stem for path in MODEL_CONFIGS.glob("*.yaml"))
 
 
 def overridden(key: str, keys: tuple[str, ...]) -> Optional[str]:
@@ -246,6 +262,11 @@ def load_config(path: str | os.PathLike | dict | None = None, overrides: list[st
     elif path is not None:
         raw = read_config_file(path)
     if model is not None:
+        named = raw.get("name")
+        if named is not None and str(named) != model:
+            raise ConfigError(f"name is {str(named)!r} in {path}: that is {named}'s config, and this is {model}'s job; "
+                              f"drop that --config or TRAIN_CONFIG ({model}'s own is {model_config_file(model)}), "
+                              f"or remove name: from the file")
         raw["name"] = model
         for key in MODEL_FOLDERS:
             section, leaf = key.split(".")
@@ -264,7 +285,71 @@ def load_config(path: str | os.PathLike | dict | None = None, overrides: list[st
             set_key(raw, key, yaml.safe_load(value))
         except ConfigError as exc:
             raise ConfigError(f"override {item!r}: {exc}") from None
-    return _resolve_paths(validate_config(raw))
+    cfg = _resolve_paths(validate_config(raw))
+    if model is not None:
+        _check_own(cfg, model, path)
+    return cfg
+
+
+def _check_own(cfg: Config, model: str, given) -> None:
+    """A model's job trains on its own config's identity (IDENTITY_KEYS) and reads nothing of another model's
+    (READ_KEYS) that its own config does not name; ConfigError naming the key and the fix."""
+    own_file = model_config_file(model)
+    if not own_file.is_file():
+        raise ConfigError(f"model {model!r} is not one of this cluster's models ({', '.join(cluster_models()) or 'none'}): "
+                          f"there is no {own_file}; add it to models: in the settings and redeploy")
+    own = _model_config(model)
+    for key in IDENTITY_KEYS:
+        if not _same_path(_value(cfg, key), _value(own, key)):
+            raise ConfigError(f"{key} is {_value(cfg, key)} in {given}, but {model}'s is {_value(own, key)} ({own_file}, "
+                              f"from its settings entry): a model's job trains on its own data and writes its own "
+                              f"folders; remove {key} from the file, or change the model's entry in the settings "
+                              f"and redeploy")
+    own_data = Path(own.data.path).resolve()
+    others = _other_models_folders(model)
+    for key in READ_KEYS:
+        value = _value(cfg, key)
+        if not value or _same_path(value, _value(own, key)):
+            continue  # unset, or named by the model's own settings entry: shared on purpose
+        target = Path(value).resolve()  # a link of one's own leads where it leads
+        if target.is_relative_to(own_data):
+            continue
+        for other, what, folder in others:
+            if target.is_relative_to(Path(folder).resolve()):
+                raise ConfigError(f"{key} {value} is {other}'s (its {what}, {folder}): a model's job reads no other "
+                                  f"model's data, checkpoints or exports unless its settings entry shares them; point "
+                                  f"{key} at a folder of no model's (released weights: ${{FSX_DATA}}/weights/<name>), "
+                                  f"or set it in {model}'s entry in the settings (overrides:) and redeploy")
+
+
+def _model_config(model: str) -> Config:
+    """``model``'s own config, resolved as its job resolves it."""
+    return _resolve_paths(validate_config({**read_config_file(model_config_file(model)), "name": model}))
+
+
+def _other_models_folders(model: str) -> list[tuple[str, str, str]]:
+    """(model, what, folder) of every other model of the cluster: its data, checkpoints (its exports among them)
+    and logs."""
+    folders = []
+    for other in cluster_models():
+        if other == model:
+            continue
+        try:
+            theirs = _model_config(other)
+            data = [(other, "data", theirs.data.path)]
+        except ConfigError:  # a broken config of another model's (its own jobs refuse it): its folders are still its
+            theirs, data = _resolve_paths(Config(name=other)), []
+        folders += [*data, (other, "checkpoints", theirs.checkpoint.dir), (other, "logs", theirs.log.dir)]
+    return folders
+
+
+def _value(cfg: Config, key: str) -> str:
+    section, _, leaf = key.rpartition(".")
+    return getattr(getattr(cfg, section) if section else cfg, leaf)
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.normpath(a) == os.path.normpath(b) if a and b else a == b
 
 
 def read_config_file(path: str | os.PathLike) -> dict:

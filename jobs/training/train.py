@@ -144,6 +144,10 @@ class Trainer:
             self.step = self._resume()
             if fresh and cfg.model.init_from:
                 self.start_from_released_weights()
+            elif cfg.model.init_from:
+                log.info("model.init_from %s is ignored: %s already holds this run's checkpoints, and it resumed from "
+                         "step %d (the released weights start a run only once, as its step 0)",
+                         cfg.model.init_from, self.ckpt.dir, self.step)
         self.evaluator = Evaluator(cfg, d, vocab_size) if cfg.eval.every else None
         hosts = distributed.hostnames(d)
         self.evict_stragglers = stragglers.evicts(cfg.train.straggler_evict, on_gpu=d.on_gpu)
@@ -383,12 +387,18 @@ def main(argv: list[str] | None = None) -> int:
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="config keys (section.key=default  meaning):\n" + config_keys())
     parser.add_argument("--config", help="YAML config file (see jobs/training/configs/)")
-    parser.add_argument("--model", help="the model whose job this is (jobs/train.sh): the run takes its name, and "
-                                        "its name, folders and data.path cannot be overridden")
+    parser.add_argument("--model", action="append", help="the model whose job this is (jobs/train.sh passes it): the "
+                        "run takes its name, folders and data.path from jobs/models/MODEL.yaml; given once")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)  # overrides may come before and after a later --config
+    if args.model and len(args.model) > 1:  # argparse would take the last: a job of one model run as another
+        message = (f"--model given more than once ({', '.join(args.model)}): a model's job is the model its script "
+                   f"names (jobs/train_{args.model[0]}.sh passes --model {args.model[0]}); remove --model from the "
+                   f"job's arguments, and to train another model submit its own jobs/train_<model>.sh")
+        _report_user_error(message)
+        return fail(message)
     try:
-        cfg = load_config(args.config, args.overrides, model=args.model)
+        cfg = load_config(args.config, args.overrides, model=args.model[0] if args.model else None)
     except ConfigError as exc:
         _report_user_error(f"config error: {exc}")
         return fail(exc, "see --help for every key")

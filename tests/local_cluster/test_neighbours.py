@@ -12,6 +12,10 @@ checks (the AWS boundary; moto evaluates identity policies, not bucket policies)
 refused for its reason (the error each tool prints) and model2's tree be byte for byte what it was; the
 same job's write to its own folder and its read of model2's backup must work (the means are sound).
 
+The same user also names model2 in its own submission (`submit.sh model1 name=model2`, `sbatch
+jobs/train_model1.sh --model model2` or `--config jobs/models/model2.yaml`): the preflight refuses before
+sbatch, the job as a user error (exit 2, not requeued) before it touches anything of model2's.
+
 Not here: the bucket policy's refusals of overwrites (a put without If-None-Match) and of deletes by any
 cluster role, which moto does not evaluate (tests/cdk/test_storage_stack.py asserts the policy); a second job
 of the same model, and a run killed mid-prune or mid-save (tests/training/test_lineage.py, real trainers).
@@ -27,13 +31,14 @@ import shutil
 import stat
 import subprocess
 import urllib.request
+import uuid
 from pathlib import Path
 
 import boto3
 import pytest
 
 from cluster_config.render import PCLUSTER_POLICY_PATH, backup_upload_policy
-from local_cluster.client import controller_address, login, submitted, wait_for, wait_for_job
+from local_cluster.client import controller_address, give_to, job_folders, login, submitted, wait_for, wait_for_job
 from tests.s3_server import aws_config, s3_server
 
 pytestmark = pytest.mark.slurm
@@ -216,3 +221,46 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
         subprocess.run(["scancel", model2_job])
         script.unlink(missing_ok=True)
         (logs.parent.parent / "checkpoints/model1/neighbour-own-file").unlink(missing_ok=True)
+
+
+def test_a_models_submission_cannot_name_another_model(slurm_cluster, model2_lineage):
+    """model1's user names model2 three ways (jobs/submit.sh, jobs/train.sh, training/config.py): an identity key
+    as an argument to the preflight, a second --model and model2's config file to the job. The preflight refuses
+    before sbatch; each job stops as a user error, exit 2 and not requeued, with the reason in its log; model2's
+    tree is byte for byte what it was."""
+    checkpoints, logs = model2_lineage
+    before = tree_digest(checkpoints, logs)
+    refused = login("""\
+        sudo su - model1
+        cd /opt/llm-jobs/bundle
+        CLUSTER_ENV=/dev/null bash jobs/submit.sh model1 name=model2; echo "exit $?"
+        """)
+    assert refused.stdout.splitlines() == ["exit 2"], refused.stdout + refused.stderr
+    assert ("error: config /opt/llm-jobs/bundle/jobs/models/model1.yaml: override 'name=model2': name is model1's own"
+            in refused.stderr), refused.stderr
+    assert "model1 NOT submitted" in refused.stderr
+
+    # The jobs keep their own run out of model1's folders: a root's cluster.env names folders of their own.
+    root = f"tests/neighbours-{uuid.uuid4().hex[:8]}"
+    (slurm_cluster.fsx / root).mkdir(parents=True)
+    give_to("model1", slurm_cluster.fsx / root)
+    cluster_env = job_folders(slurm_cluster.fsx, root)["CLUSTER_ENV"]
+    reasons = {"--model model2": "training stopped on a user error: --model given more than once (model1, model2)",
+               "--config jobs/models/model2.yaml": "training stopped on a user error: config error: name is 'model2' in "}
+    jobs = {arguments: submitted(login(f"""\
+        sudo su - model1
+        cd /opt/llm-jobs/bundle
+        SBATCH_GPUS_PER_NODE=0 CLUSTER_ENV={cluster_env} sbatch jobs/train_model1.sh {arguments}
+        """)) for arguments in reasons}
+    try:
+        for arguments, job in jobs.items():
+            err = logs.parent / "model1" / f"model1_{job}.err"
+            assert wait_for_job(job, timeout=300) == ("FAILED", 2), err.read_text()[-3000:] if err.exists() else job
+            assert reasons[arguments] in err.read_text(), err.read_text()[-3000:]
+            records = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
+            assert "Restarts=0" in records  # a user error is not requeued
+        assert tree_digest(checkpoints, logs) == before
+    finally:
+        subprocess.run(["scancel", *jobs.values()])
+        shutil.rmtree(slurm_cluster.fsx / root, ignore_errors=True)
+        (slurm_cluster.fsx / f"{root}.env").unlink(missing_ok=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from training import config
 from training.config import ConfigError, load_config
 from training.models.llama import count_parameters, hf_config
 from training.models.presets import PRESETS
@@ -96,13 +97,24 @@ def test_a_models_job_refuses_its_identity_as_an_argument(argument, identity):
     load_config(CONFIGS / "tiny.yaml", [argument])  # outside a model's job: any run of one's own
 
 
-def test_a_models_job_takes_its_name_and_folders_from_the_model(tmp_path):
-    cfg = load_config(CONFIGS / "tiny.yaml", [], model="model3")  # tiny.yaml names model1
+def test_a_models_job_takes_its_name_and_folders_from_the_model(tmp_path, monkeypatch):
+    models = tmp_path / "models"  # the cluster's model configs: model3's is tiny.yaml's
+    models.mkdir()
+    (models / "model3.yaml").write_text((CONFIGS / "tiny.yaml").read_text())
+    monkeypatch.setattr(config, "MODEL_CONFIGS", models)
+    cfg = load_config(CONFIGS / "tiny.yaml", [], model="model3")  # tiny.yaml names no model
     assert (cfg.name, cfg.checkpoint.dir, cfg.log.dir) == ("model3", "/fsx/checkpoints/model3", "/fsx/logs/model3")
     elsewhere = tmp_path / "elsewhere.yaml"
     elsewhere.write_text((CONFIGS / "tiny.yaml").read_text() + "checkpoint: {dir: /fsx/checkpoints/model2}\n")
     with pytest.raises(ConfigError, match=f"checkpoint.dir is set in {elsewhere}, but model3's job keeps its run"):
         load_config(elsewhere, [], model="model3")
+    # Another model's config file is another model's run, whatever its data (dev's two share theirs).
+    named = tmp_path / "model2.yaml"
+    named.write_text((CONFIGS / "tiny.yaml").read_text() + "name: model2\n")
+    with pytest.raises(ConfigError, match=f"name is 'model2' in {named}: that is model2's config, and this is model3's job"):
+        load_config(named, [], model="model3")
+    with pytest.raises(ConfigError, match="model 'model4' is not one of this cluster's models \\(model3\\)"):
+        load_config(CONFIGS / "tiny.yaml", [], model="model4")
 
 
 def test_the_trainer_reports_an_identity_argument_as_a_user_error(tmp_path, monkeypatch, capsys):

@@ -363,6 +363,7 @@ def test_the_trainer_starts_from_released_weights_and_resumes_exactly(checkpoint
         file.unlink()
     assert run.run(tiny_data, *options) == 0, run.output[-4000:]
     assert "resumed from" in run.output and "weights from" not in run.output
+    assert f"model.init_from {released} is ignored: {run.checkpoints} already holds this run's checkpoints" in run.output
     assert run.status() == "complete"
     assert run.losses() == losses
 
@@ -373,6 +374,7 @@ def test_the_trainer_starts_from_released_weights_and_resumes_exactly(checkpoint
     (again.checkpoints / "latest").write_text("step_00000000\n")
     assert again.run(tiny_data, *options) == 0, again.output[-4000:]
     assert "resumed from" in again.output and "weights from" not in again.output
+    assert "is ignored" in again.output and "it resumed from step 0" in again.output
     assert again.losses() == losses
 
 

@@ -1,7 +1,7 @@
 """`sbatch jobs/train_model1.sh` on the real local two-node Slurm cluster (CPU, tiny preset).
 
 Each job gets its own checkpoint and metrics folders under /fsx/tests/ (FSX_CHECKPOINTS and
-FSX_LOGS from the submitting environment); Slurm's own output goes to /fsx/logs/model1/ as in
+FSX_LOGS from a cluster.env of root's: local_cluster/client.py job_folders); Slurm's own output goes to /fsx/logs/model1/ as in
 production, which the test creates first because Slurm does not.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 from local_cluster import demo_data
-from local_cluster.client import controller_address, give_to, hostnames
+from local_cluster.client import controller_address, give_to, hostnames, job_folders
 from local_cluster.training_job import worker_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
@@ -42,8 +42,7 @@ class Job:
         self.id = ""
 
     def submit(self, **extra_env: str) -> "Job":
-        self.env = env = {"FSX_CHECKPOINTS": f"/fsx/{self.root}/checkpoints", "FSX_LOGS": f"/fsx/{self.root}/logs",
-                          "OMP_NUM_THREADS": "1", **extra_env}
+        self.env = env = {**job_folders(self.cluster.fsx, self.root), "OMP_NUM_THREADS": "1", **extra_env}
         self.host_root.mkdir(parents=True)  # the job's folder, its user's as the node setup makes model1's
         give_to("model1", self.host_root)
         self.id = self.cluster.sbatch("jobs/train_model1.sh", *OVERRIDES, env=env, options=OPTIONS, user="model1")

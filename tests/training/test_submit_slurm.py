@@ -17,8 +17,13 @@ pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
 
 
 def submit(cluster, root, *args: str) -> subprocess.CompletedProcess:
-    env = {**cluster.env, "FSX_DATA": str(cluster.fsx / "data"), "FSX_CHECKPOINTS": str(root / "checkpoints"),
-           "FSX_LOGS": str(root / "logs"), "SBATCH_GPUS_PER_NODE": "0", "OMP_NUM_THREADS": "1",
+    # A model's FSx folders come from cluster.env, root's (jobs/train.sh), not the submitting shell: here the
+    # host's view of the local FSx, where the preflight runs, and this test's own checkpoint and log folders.
+    cluster_env = root.parent / f"{root.name}.env"
+    cluster_env.parent.mkdir(parents=True, exist_ok=True)
+    cluster_env.write_text(f"export FSX_DATA={cluster.fsx / 'data'} FSX_CHECKPOINTS={root / 'checkpoints'} "
+                           f"FSX_LOGS={root / 'logs'}\n")
+    env = {**cluster.env, "CLUSTER_ENV": str(cluster_env), "SBATCH_GPUS_PER_NODE": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(cluster.repo / "jobs")}
     return subprocess.run(["bash", "jobs/submit.sh", *args], cwd=cluster.repo, env=env, capture_output=True,
                           text=True, timeout=120)

@@ -22,6 +22,7 @@ from pathlib import Path
 FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # Rotary variants transformers computes at start-up from the config alone (no learned state).
 ROPE_TYPES = ("default", "linear", "llama3")
+WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's map of tensor -> file
 
 
 class ArchitectureError(ValueError):
@@ -172,3 +173,22 @@ def read_hf_config(path: str | Path) -> Architecture:
     except json.JSONDecodeError as exc:
         raise ArchitectureError(f"{file}: not JSON ({exc})") from None
     return from_hf_config(raw, where=str(file))
+
+
+def released_weights_problem(folder: str | Path, arch: Architecture, preset: str) -> str:
+    """Why the Hugging Face checkpoint in ``folder`` cannot start a run of ``arch`` (``model.init_from``), '' if it
+    can: its config.json describes that architecture (the vocabulary too, where the architecture fixes one), and
+    it holds safetensors. Torch-free: the preflight asks before any node is taken, the trainer before it reads."""
+    folder = Path(folder)
+    try:
+        theirs = read_hf_config(folder)
+    except ArchitectureError as exc:  # no config.json, or one this project cannot build
+        return f"model.init_from: {exc}"
+    differences = [d for d in arch.differences(theirs) if arch.vocab or not d.startswith("vocab:")]
+    if differences:
+        return (f"model.init_from: {folder}/config.json is not model.preset {preset}: {'; '.join(differences)} "
+                f"(run vs checkpoint); set model.preset to {folder} (or a shipped copy of its config.json)")
+    if not (folder / WEIGHTS_INDEX).is_file() and not any(folder.glob("*.safetensors")):
+        return (f"model.init_from: {folder} holds no *.safetensors; give the folder of a Hugging Face checkpoint "
+                f"(config.json, model*.safetensors)")
+    return ""

@@ -20,10 +20,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from training.models.architecture import Architecture, ArchitectureError, read_hf_config
+from training.models.architecture import WEIGHTS_INDEX as INDEX
+from training.models.architecture import Architecture, released_weights_problem
 from training.models.llama import canonical_name
-
-INDEX = "model.safetensors.index.json"
 
 
 class WeightsError(ValueError):
@@ -47,17 +46,10 @@ def tensor_files(folder: Path) -> dict[str, Path]:
 
 
 def check_architecture(folder: Path, arch: Architecture, preset: str) -> None:
-    """The checkpoint's config.json must describe the architecture the run builds."""
-    try:
-        theirs = read_hf_config(folder)
-    except ArchitectureError as exc:  # no config.json, or one this project cannot build
-        raise WeightsError(f"model.init_from: {exc}") from None
-    differences = arch.differences(theirs) if arch.vocab else \
-        [d for d in arch.differences(theirs) if not d.startswith("vocab:")]
-    if differences:
-        raise WeightsError(f"model.init_from: {folder}/config.json is not model.preset {preset}: "
-                           f"{'; '.join(differences)} (run vs checkpoint); set model.preset to {folder} "
-                           f"(or a shipped copy of its config.json)")
+    """The checkpoint's config.json must describe the architecture the run builds, and it must hold safetensors."""
+    problem = released_weights_problem(folder, arch, preset)
+    if problem:
+        raise WeightsError(problem)
 
 
 def load(model: nn.Module, folder: str | Path, arch: Architecture, preset: str) -> dict:
