@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "jobs/training/configs/tiny.yaml"
@@ -55,10 +56,26 @@ def test_non_integer_dataset_field_stops_training_as_a_user_error(run, data, fai
     assert "training failed" not in run.output  # what the trainer logs, with a traceback, on an infrastructure failure
 
 
+# The preflight's command line, for a cluster of one model, model1 (tiny.yaml on the test's dataset), whose own
+# config is written beside the test: the preflight takes a model's data from its own config, as the trainer does.
+PREFLIGHT = """import sys
+from pathlib import Path
+from training import config, preflight
+config.MODEL_CONFIGS = Path(sys.argv[1])
+sys.exit(preflight.main(sys.argv[2:]))
+"""
+
+
 def preflight(data: Path, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "jobs")}
-    return subprocess.run([sys.executable, "-m", "training.preflight", "--config", str(TINY), "tiny",
-                           f"data.path={data}", f"checkpoint.dir={tmp_path / 'ckpt'}", f"log.dir={tmp_path / 'logs'}"],
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    own = yaml.safe_load(TINY.read_text())
+    own["data"]["path"] = str(data)
+    (models / "model1.yaml").write_text(yaml.safe_dump(own))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "FSX_CHECKPOINTS": str(tmp_path / "ckpt"),
+           "FSX_LOGS": str(tmp_path / "logs")}
+    env.pop("TRAIN_CONFIG", None)
+    return subprocess.run([sys.executable, "-c", PREFLIGHT, str(models), "model1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
