@@ -204,9 +204,11 @@ create_users() {
 
 # The jobs' interpreter is the host's Python that .venv was made from; on ParallelCluster it is
 # /usr/bin/python3.11, which every user can run. A Python under a private home (pyenv under /root,
-# mode 0700) would stop every job of the cluster user, so `up` grants traverse (o+x, not read) on
-# each folder in the way, and `down` takes back what it granted. The default cluster only: its jobs
-# are the ones the cluster user submits.
+# mode 0700) would stop the jobs of the cluster's and the models' users, so `up` grants traverse (o+x,
+# not read) on each folder in the way, and `down` takes back what it granted. Every cluster of this
+# repository does it (the second cluster's jobs run as the models' users too); a cluster going down
+# while another is up hands its grants over to that one, whose jobs still need them, instead of taking
+# them back under its running jobs.
 open_interpreter_path() {
   local python dir
   python=$(readlink -f "$REPO/.venv/bin/python")
@@ -215,18 +217,34 @@ open_interpreter_path() {
       if [[ $(stat -c %A "$dir") != *[xt] ]]; then  # t: sticky and searchable
         chmod o+x "$dir"
         record "traverse:$dir"
-        log "granted traverse (o+x) on $dir: the cluster user runs the jobs' interpreter $python"
+        log "granted traverse (o+x) on $dir: the cluster's users run the jobs' interpreter $python"
       fi
       dir=$(dirname "$dir")
     done
   done
 }
 
+# The run folders of this repository's other clusters that are up (a live slurmctld).
+other_clusters_up() {
+  local run
+  for run in "$REPO/.local_cluster/run" "$REPO"/.local_cluster/*/run; do
+    [[ $run != "$RUN" ]] || continue
+    if live_pid "$run/slurmctld.pid" slurmctld >/dev/null; then echo "$run"; fi
+  done
+}
+
 close_interpreter_path() {
-  local line
+  local line heir
   [[ -f $RUN/created ]] || return 0
+  heir=$(other_clusters_up | sed -n 1p)
   while read -r line; do
-    [[ $line == traverse:* ]] && chmod o-x "${line#traverse:}"
+    [[ $line == traverse:* ]] || continue
+    if [[ -n $heir ]]; then
+      echo "$line" >>"$heir/created"
+      log "kept traverse on ${line#traverse:}: the cluster of $heir uses it (its down takes it back)"
+    else
+      chmod o-x "${line#traverse:}"
+    fi
   done <"$RUN/created"
   return 0
 }
@@ -556,8 +574,8 @@ cmd_up() {
     mkdir /fsx
     [[ -n $NAME ]] || record "fsx_mountpoint"
   fi
+  open_interpreter_path
   if [[ -z $NAME ]]; then
-    open_interpreter_path
     if [[ ! -d $JOBS_HOME_MOUNT ]]; then
       mkdir -p "$JOBS_HOME_MOUNT"
       record "jobs_home_mountpoint"
