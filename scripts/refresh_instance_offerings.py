@@ -36,14 +36,20 @@ def main() -> None:
             families.setdefault(family, []).append(size)
         # {"c7i": "12xlarge 16xlarge ... xlarge"}: a third of the size of a flat list of types.
         regions[path.name.removesuffix(".json.gz")] = {family: " ".join(sizes) for family, sizes in families.items()}
-    header = {"source": f"moto {version('moto')} ec2/resources/instance_type_offerings/region",
-              "refresh": "python scripts/refresh_instance_offerings.py"}
-    # One region per line: a refresh shows up in review as the regions that changed.
-    lines = [f'  "_about": {json.dumps(header)}']
-    lines += [f"  {json.dumps(region)}: {json.dumps(families, separators=(',', ':'))}" for region, families in regions.items()]
-    OUT.write_text("{\n" + ",\n".join(lines) + "\n}\n")
-    print(f"{OUT}: {len(regions)} regions, {sum(len(s.split()) for r in regions.values() for s in r.values())} offerings, from {header['source']}")
+    source = write_by_region(OUT, "region", regions)
+    print(f"{OUT}: {len(regions)} regions, {sum(len(s.split()) for r in regions.values() for s in r.values())} offerings, from {source}")
     write_zones()
+
+
+def write_by_region(path: Path, folder: str, by_region: dict) -> str:
+    """``path`` as JSON, one region per line (a refresh shows up in review as the regions that changed), headed by
+    where it came from: moto's ``instance_type_offerings/<folder>`` data. Returns that source."""
+    header = {"source": f"moto {version('moto')} ec2/resources/instance_type_offerings/{folder}",
+              "refresh": "python scripts/refresh_instance_offerings.py"}
+    lines = [f'  "_about": {json.dumps(header)}']
+    lines += [f"  {json.dumps(region)}: {json.dumps(value, separators=(',', ':'))}" for region, value in by_region.items()]
+    path.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    return header["source"]
 
 
 def write_zones() -> None:
@@ -53,12 +59,8 @@ def write_zones() -> None:
         offerings = json.loads(gzip.decompress(path.read_bytes()))
         # {"ap-southeast-3": "a b c"}: the zone names are the region's name and these letters.
         zones[region] = " ".join(sorted({item["Location"].removeprefix(region) for item in offerings}))
-    header = {"source": f"moto {version('moto')} ec2/resources/instance_type_offerings/availability-zone",
-              "refresh": "python scripts/refresh_instance_offerings.py"}
-    lines = [f'  "_about": {json.dumps(header)}']
-    lines += [f"  {json.dumps(region)}: {json.dumps(letters)}" for region, letters in zones.items()]
-    ZONES_OUT.write_text("{\n" + ",\n".join(lines) + "\n}\n")
-    print(f"{ZONES_OUT}: {len(zones)} regions, {sum(len(z.split()) for z in zones.values())} zones, from {header['source']}")
+    source = write_by_region(ZONES_OUT, "availability-zone", zones)
+    print(f"{ZONES_OUT}: {len(zones)} regions, {sum(len(z.split()) for z in zones.values())} zones, from {source}")
 
 
 if __name__ == "__main__":
