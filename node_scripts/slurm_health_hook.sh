@@ -52,6 +52,7 @@ HEALTH_LOG="${HEALTH_LOG:-/var/log/parallelcluster/llm-node-health.log}"
 HEALTH_HISTORY="${HEALTH_HISTORY:-/fsx/logs/node-health/history.tsv}"
 HEALTH_QUARANTINE_AFTER="${HEALTH_QUARANTINE_AFTER:-2}"
 HEALTH_STATE_DIR="${HEALTH_STATE_DIR:-/run/llm-node-health}"  # node-local, per job: see prolog_failed below
+SNAPSHOT_DIR="${SNAPSHOT_DIR:-/dev/shm}"  # the trainer's checkpoint.snapshot_dir: the epilog removes the job's
 HEALTH_SUSPECT_DIR="${HEALTH_SUSPECT_DIR:-/dev/shm}"  # node-local: where a job's ranks report this node (above)
 # On Nitro instances (every GPU type here) the DMI asset tag is the instance id: no metadata call.
 INSTANCE_ID_FILE="${INSTANCE_ID_FILE:-/sys/devices/virtual/dmi/id/board_asset_tag}"
@@ -156,6 +157,13 @@ take_out() {
     scontrol update nodename="$node" state=drain reason="${reason:0:200}" || log "scontrol could not drain $node"
   fi
 }
+
+# A job's snapshots in memory (jobs/training/checkpoints/snapshot.py) go with it: /dev/shm is the node's RAM.
+# find does not follow links: a folder a job replaced by a link to elsewhere is not descended.
+if [[ $context == epilog && ${SLURM_JOB_ID:-} =~ ^[0-9_]+$ ]]; then
+  find "$SNAPSHOT_DIR" -mindepth 2 -maxdepth 2 -type d -path "$SNAPSHOT_DIR/llm-snapshots-*/job_$SLURM_JOB_ID" \
+    -exec rm -rf -- {} + 2>/dev/null || log "could not remove job $SLURM_JOB_ID's snapshots from $SNAPSHOT_DIR"
+fi
 
 if [[ $context == prolog ]]; then
   rm -f -- "$suspect_marker"  # a requeued job's report from an earlier run whose epilog never came

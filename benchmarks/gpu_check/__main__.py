@@ -11,8 +11,9 @@ that no longer fits in what is left of ``--budget-s`` is skipped and says so:
                 start-up and after the first step, both flight recorders (NCCL's and gloo's) as the
                 watchdog dumps them, CUDA RNG save/restore, the attention kernel each production shape
                 selects and whether its backward repeats bit for bit (with and without
-                ``train.deterministic``), pinned vs pageable batch copies, the memory outside torch's
-                allocator (CUDA context, cuBLAS, NCCL) against the dry run's ``RUNTIME_GIB``
+                ``train.deterministic``), pinned vs pageable batch copies, a 1 GiB snapshot in memory
+                (its blocked copy, its writer, a GPU loop's step beside the writer), the memory outside
+                torch's allocator (CUDA context, cuBLAS, NCCL) against the dry run's ``RUNTIME_GIB``
   resume        a tiny FSDP run saved asynchronously (the pinned stager) and resumed from its middle
                 checkpoint: data order and losses against the uninterrupted run
   recipe:NAME   each production recipe at its real widths, 2 layers, one GPU (``training.layout_check``:

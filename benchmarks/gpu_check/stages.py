@@ -70,7 +70,7 @@ def _group_timeout_s(group, device: torch.device) -> float | None:
 
 
 def environment(args: dict) -> dict:
-    """Process groups as the trainer makes them, both flight recorders, the RNG, attention kernels, copies."""
+    """Process groups as the trainer makes them, both flight recorders, the RNG, attention kernels, copies, a snapshot."""
     from training.dry_run import load_model_config
 
     gpu, r, why = on_gpu(args), {"versions": versions()}, {}
@@ -114,7 +114,7 @@ def environment(args: dict) -> dict:
                               and all(v in (None, float(args["short_timeout_s"])) for v in after.values())
                               and any(v is not None for v in after.values()))
 
-    for part in (flight_recorders, rng_restore, attention_kernels, batch_copies):  # one failing keeps the others
+    for part in (flight_recorders, rng_restore, attention_kernels, batch_copies, snapshot_costs):  # one failing keeps the others
         try:
             part(args, gpu, d, r, why)
         except Exception as exc:  # noqa: BLE001 - recorded in the report
@@ -251,6 +251,43 @@ def batch_copies(args: dict, gpu: bool, d, r: dict, why: dict) -> None:
         out["micro_batch"][f"{key}_us"] = round(1e6 * timed(batch, pinned, 50), 1)
         out[f"{key}_256mib_gb_s"] = round(big.numel() / timed(big, pinned, 5) / 1e9, 1)
     r["batch_copies"] = out
+
+
+def snapshot_costs(args: dict, gpu: bool, d, r: dict, why: dict) -> None:
+    """A snapshot in memory of 1 GiB of GPU state, through training/checkpoints/snapshot.py: the copy to host
+    memory training waits for, the writer's seconds, and a GPU loop's step alone and while the writer works
+    (it shares the interpreter with the loop that launches the kernels)."""
+    if not gpu:
+        r["snapshot"], why["snapshot"] = None, "no GPU: the copy from GPU memory and its effect on a GPU step need one"
+        return
+    import tempfile
+
+    from training.checkpoints.snapshot import Snapshots
+
+    state = {"model": {f"w{i}": torch.randn(2**24, device="cuda") for i in range(16)}, "step": 1}  # 1 GiB fp32
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    alone = statistics.median([step() for _ in range(10)])
+    during = []
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        taker = Snapshots(shm, "gpu-check", every=1, d=d, layout={})
+        blocked = taker.take(1, state)
+        while taker._pending and not taker._pending[0].done():
+            during.append(step())
+        taker.wait()
+        taker.close(remove=True)
+    r["snapshot"] = {"gib": 1.0, "blocked_s": round(blocked, 4), "copy_gb_s": round(2**30 / blocked / 1e9, 1),
+                     "write_s": round(taker.last_write_s, 3), "write_gb_s": round(2**30 / taker.last_write_s / 1e9, 2),
+                     "step_s_alone": round(alone, 4),
+                     "step_s_during_write": round(statistics.median(during), 4) if during else None}
 
 
 # --- resume ---------------------------------------------------------------------------------------

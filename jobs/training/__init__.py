@@ -16,7 +16,7 @@ The entry points, at this level (what users and the job scripts type):
 The packages, each a concern (its __init__ lists its modules):
   models/       the architecture as data, presets, the network, Hugging Face weights in
   parallel/     process groups, FSDP2/HSDP/DDP x tensor parallel; the traffic a layout costs
-  checkpoints/  DCP checkpoints one writer at a time, and their backup to S3
+  checkpoints/  DCP checkpoints one writer at a time, their backup to S3, snapshots in node memory
   components/   optimizer, metrics, evaluation, determinism
   resilience/   stop signals, the watchdog, stragglers, replicas, the node to drain, requeue or stop
   sizing/       memory and step-time estimates for the plan

@@ -166,6 +166,9 @@ class CheckpointConfig(_Section):
     every_minutes: float = Field(0, ge=0, description="also save when this long has passed since the last save; 0: off")
     keep: int = Field(3, gt=0, description="complete checkpoints kept on disk")
     async_save: bool = Field(True, description="write in a background thread; training waits only for the copy to CPU")
+    snapshot_every: int = Field(0, ge=0, description="steps between snapshots in node memory, each with a copy on a "
+                                "buddy node, that a relaunch in the same job resumes from (training/checkpoints/snapshot.py); 0: off")
+    snapshot_dir: str = Field("/dev/shm", description="where the snapshots are kept: the nodes' memory")
 
 
 class EvalConfig(_Section):

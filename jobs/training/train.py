@@ -32,6 +32,7 @@ from training.models import hf_weights
 
 from training.resilience import node_suspect, replicas, stragglers
 from training.checkpoints.checkpointer import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
+from training.checkpoints.snapshot import Snapshots
 from training.config import Config, ConfigError, config_keys, load_config
 from training.components.determinism import set_determinism
 from training.components.evaluate import Evaluator
@@ -139,9 +140,17 @@ class Trainer:
         replicate_group = self.mesh["dp_replicate"].get_group() if cfg.train.parallelism == "hsdp" else None
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity, replicate_group=replicate_group)
+        # A snapshot is one rank's shard: it loads only on the layout that wrote it.
+        self.snapshots = Snapshots(cfg.checkpoint.snapshot_dir, cfg.name, every=cfg.checkpoint.snapshot_every, d=d, layout={
+            **identity, "parallelism": cfg.train.parallelism, "tensor_parallel": cfg.train.tensor_parallel,
+            "world_size": d.world_size}) if cfg.checkpoint.snapshot_every else None
         with self.watchdog.allow(cfg.train.init_timeout_s):  # reading a large checkpoint takes minutes
             fresh = self.ckpt.latest_step() < 0 and not self.ckpt.steps()
-            self.step = self._resume()
+            self.step = self._resume_from_snapshot()
+            if self.step:
+                fresh = False
+            else:
+                self.step = self._resume()
             if fresh and cfg.model.init_from:
                 self.start_from_released_weights()
             elif cfg.model.init_from:
@@ -169,7 +178,8 @@ class Trainer:
     def train(self) -> str:
         """The loop: one optimizer step, the stop vote, maybe log, maybe checkpoint."""
         cfg, d, ckpt, metrics = self.cfg, self.d, self.ckpt, self.metrics
-        metrics.event(kind="start", step=self.step, world_size=d.world_size, resumed=self.step > 0)
+        metrics.event(kind="start", step=self.step, world_size=d.world_size, resumed=self.step > 0,
+                      resumed_from=self.metrics_resume)
         batches = iter(self.loader)
         stopping = False
         first_step, last_save = self.step, time.monotonic()
@@ -208,11 +218,16 @@ class Trainer:
                     metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last or evict is not None,
                                                            meta=self.replica_meta()))
                 last_save = time.monotonic()
+            elif self.snapshots and self.snapshots.due(self.step) and not last:
+                self.snapshots.poll()
+                metrics.add_checkpoint_block(self.snapshots.take(self.step, self.app_state()))
             if evict:
                 self.evict(evict)
 
         with self.watchdog.allow(cfg.train.init_timeout_s):
             ckpt.close()
+            if self.snapshots:  # the checkpoint of this step is on the file system: the snapshots have done their work
+                self.snapshots.close(remove=True)
         self.watchdog.close()
         status = "complete" if self.step >= cfg.train.steps else "stopped"
         if stopping:
@@ -267,6 +282,8 @@ class Trainer:
             mismatch = exc
         if not distributed.any_rank(mismatch is not None, self.d):
             return
+        if self.snapshots:  # taken since the copies last agreed: the relaunch reads the (checked) file system
+            self.snapshots.discard()
         if mismatch is not None and self.d.rank in mismatch.suspects:
             # No save: this state is suspect; the requeued job resumes from `latest`, saved at or before
             # the last step the copies agreed at (every save is preceded by a check).
@@ -347,6 +364,7 @@ class Trainer:
         draws no random numbers after initialization).
         """
         self.step = 0
+        self.metrics_resume = {"source": "none", "step": 0}
         if self.ckpt.latest_step() < 0 and not self.ckpt.steps():
             # building the state initializes optimizer moments: only when there is something to load
             log.info("no checkpoint in %s: starting from step 0", self.ckpt.dir)
@@ -363,23 +381,43 @@ class Trainer:
             self.optimizer = build_optimizer(self.model, self.cfg.optim)  # discard initialized moments
             return 0
         state = loaded["state"]
+        if not loaded["same_world"]:
+            log.warning("resuming on %d ranks from a checkpoint of %s ranks: model and optimizer resharded, "
+                        "data position remapped", self.d.world_size, loaded["saved_world"])
+        self._load(state, same_world=loaded["same_world"])
+        self.metrics_resume = {"source": "checkpoint", "step": int(state["step"])}
+        return int(state["step"])
+
+    def _resume_from_snapshot(self) -> int:
+        """The step of the newest snapshot in memory that every rank can load, if newer than the file system's
+        latest checkpoint (or as new), loaded; 0 where there is none (training/checkpoints/snapshot.py)."""
+        self.step = 0  # app_state's, until a state is loaded
+        if self.snapshots is None:
+            return 0
+        restored = self.snapshots.restore(lambda: self.app_state(), not_before=self.ckpt.latest_step())
+        if restored is None:
+            return 0
+        state, step, how = restored
+        self._load(state, same_world=True)
+        self.metrics_resume = {"source": "snapshot", "step": step, **how}
+        return step
+
+    def _load(self, state: dict, *, same_world: bool) -> None:
+        """Put a loaded state (``app_state``'s form) into model, optimizer, RNG and data loader."""
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if int(state["step"]) == 0:  # model.init_from's step 0: its optimizer state is a placeholder, as above
             self.optimizer = build_optimizer(self.model, self.cfg.optim)
-        if loaded["same_world"]:
+        if same_world:
             mine = state[f"rank{self.d.rank}"]
             torch.set_rng_state(mine["rng"]["cpu"])
             if self.d.on_gpu:
                 torch.cuda.set_rng_state(mine["rng"]["cuda"], self.d.device)
         else:
             mine = state["rank0"]
-            log.warning("resuming on %d ranks from a checkpoint of %s ranks: model and optimizer resharded, "
-                        "data position remapped", self.d.world_size, loaded["saved_world"])
         try:
             self.loader.load_state_dict(mine["loader"])
         except ValueError as exc:
             raise CheckpointMismatch(f"{exc}") from None
-        return int(state["step"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -246,3 +246,20 @@ def test_the_prolog_removes_a_stale_report_of_the_same_job_id(hook, suspect):
     assert not suspect.marker().exists()
     suspect.run(context="epilog")
     assert hook.calls() == []
+
+
+def test_the_epilog_removes_the_jobs_snapshots_in_memory_and_nothing_else(hook, tmp_path):
+    """Snapshots in memory (jobs/training/checkpoints/snapshot.py) are a job's: its epilog frees the node's RAM,
+    leaving other jobs' snapshots and whatever a link planted in their place points to."""
+    shm = tmp_path / "shm"
+    mine = shm / "llm-snapshots-model1/job_77/gpu-st-p5e-3/step_00000120"
+    other_job = shm / "llm-snapshots-model1/job_78/gpu-st-p5e-3"
+    elsewhere = tmp_path / "elsewhere/job_77"
+    for folder in (mine, other_job, elsewhere):
+        folder.mkdir(parents=True)
+        (folder / "rank_00000.pt").write_bytes(b"state")
+    (shm / "llm-snapshots-model2").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "healthy").touch()
+    assert hook.run(SNAPSHOT_DIR=str(shm)).returncode == 0
+    assert not (shm / "llm-snapshots-model1/job_77").exists()
+    assert (other_job / "rank_00000.pt").exists() and (elsewhere / "rank_00000.pt").exists()

@@ -41,8 +41,11 @@ def test_corrupted_ddp_rank_stops_the_run_before_it_saves_and_the_rerun_continue
     """Two copies (DDP on 2 ranks): the check after step 6 finds them apart and cannot tell which is wrong."""
     failure = tmp_path / "FAILURE"
     monkeypatch.setenv("TRAIN_FAILURE_FILE", str(failure))
-    assert run.run(tiny_data, *SHORT, "train.replica_check_every=2", program=fault(1, 5)) != 0
+    # Snapshots in memory every 3 steps: the one of step 3 was taken before the flip, and is still discarded.
+    snapshots = ("checkpoint.snapshot_every=3", f"checkpoint.snapshot_dir={tmp_path / 'shm'}")
+    assert run.run(tiny_data, *SHORT, "train.replica_check_every=2", *snapshots, program=fault(1, 5)) != 0
     assert "sdc_fault: flipped a bit of module.model.embed_tokens.weight on rank 1 after step 5" in run.output
+    assert not list((tmp_path / "shm").rglob("rank_*")), "snapshots taken since the copies last agreed must go"
     message = (f"replicas disagree after step 6 (last agreed at step 4) in module.model.embed_tokens.weight; "
                f"suspect (no majority: every copy): rank 0 on {HOST}, rank 1 on {HOST}")
     assert message in run.output, run.output[-3000:]
@@ -56,8 +59,9 @@ def test_corrupted_ddp_rank_stops_the_run_before_it_saves_and_the_rerun_continue
     assert (meta["replicas_checked"], meta["replicas_agreed_at"]) == (True, 4)
 
     rerun = Run(run.root)  # the requeue, on healthy GPUs: resumes from step 4
-    assert rerun.run(tiny_data, *SHORT, "train.replica_check_every=2") == 0, rerun.output[-3000:]
-    assert "resumed from" in rerun.output
+    assert rerun.run(tiny_data, *SHORT, "train.replica_check_every=2", *snapshots) == 0, rerun.output[-3000:]
+    assert [r["resumed_from"] for r in rerun.records() if r.get("event") == "start"][-1] == {"source": "checkpoint",
+                                                                                           "step": 4}
     assert rerun.losses() == reference_losses  # steps 5-6 again, then on as if nothing had happened
 
 

@@ -1,9 +1,10 @@
 """torch.distributed set-up and parallel wrapping (FSDP2/HSDP/DDP x tensor parallel); the model never knows.
 
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK. GPUs use NCCL for training collectives; CPU runs use
-gloo. Two extra gloo groups keep small CPU-side traffic off the training group: one for the
-per-step "should we stop?" vote (no GPU sync), one for the checkpoint writer's background thread
-(collectives from two threads on one group could interleave differently on different ranks).
+gloo. Three extra gloo groups keep CPU-side traffic off the training group: one for the per-step
+"should we stop?" vote (no GPU sync), one for the checkpoint writer's background thread and one for
+the snapshot writer's (collectives from two threads on one group could interleave differently on
+different ranks).
 HSDP and tensor parallel run their collectives on the device mesh's own groups, one per mesh dimension.
 """
 
@@ -43,6 +44,7 @@ class Dist:
     timeout: timedelta | None = None  # of the training collectives: start-up, then set_timeout's (None: fake group)
     # Groups that follow ``timeout``: the default one, the stop vote's, the device mesh's (``device_mesh``).
     groups: list[dist.ProcessGroup] = field(default_factory=list)
+    snapshot_group: dist.ProcessGroup | None = None  # gloo: snapshots in memory, their copies to buddy nodes
 
     @property
     def is_main(self) -> bool:
@@ -75,8 +77,9 @@ def init(timeout_s: int) -> Dist:
                             device_id=device if device.type == "cuda" else None)
     control = dist.new_group(backend="gloo", timeout=timeout)
     checkpoint = dist.new_group(backend="gloo", timeout=timeout)
+    snapshot = dist.new_group(backend="gloo", timeout=timeout)
     return Dist(rank, world_size, local_rank, device, control, checkpoint, timeout,
-                groups=[dist.group.WORLD, control])
+                groups=[dist.group.WORLD, control], snapshot_group=snapshot)
 
 
 def set_timeout(d: Dist, timeout_s: int) -> None:

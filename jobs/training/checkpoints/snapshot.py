@@ -1,0 +1,429 @@
+"""Snapshots in memory: every rank's own shard of the training state in its node's memory, and a copy on another node.
+
+A failure that kills the training processes (a crashed rank, a lost node taking its peers' collectives
+down) leaves the nodes' memory: files in ``/dev/shm`` outlive the processes that wrote them. Every
+``checkpoint.snapshot_every`` steps each rank copies its own part of the state (model and optimizer shards,
+the step, its RNG and loader position: ``Trainer.app_state`` with every DTensor as its local tensor) to
+CPU memory, the only time training waits; a background thread then serializes it, writes it to the
+node's memory and sends a second copy to its *buddy*, the rank with the same place on the node half the
+allocation away (for an allocation across two Capacity Blocks in node order, the other block), which
+writes it beside its own. Relaunched in the same job (jobs/train.sh), the ranks gather what every node
+holds and load the newest step that is whole for every rank: from their own node's memory, or over the
+network from whichever node holds a copy (a replacement node gets the lost node's shards from their
+buddies); only when no step is whole do they read the checkpoint on the file system.
+
+Layout, in ``checkpoint.snapshot_dir`` (default ``/dev/shm``)::
+
+    llm-snapshots-<run name>/          this run's user's, mode 0700; refused if anyone else's
+      job_<Slurm job id>/<node>/         one folder per node (nodes may share a /dev/shm: the local cluster)
+        step_00000120/rank_00003.pt      rank 3's state at step 120, here as its own or its buddy's copy
+        step_00000120/rank_00003.json    its manifest: size, SHA-256, layout; written last
+
+A file counts only with its manifest, and both are written under a temporary name and renamed, so a
+snapshot interrupted by a failure is never loaded; a file whose SHA-256 does not match its manifest is
+refused and another copy tried. The previous step's files are removed only once every rank has written
+the new step and its buddy's copy. The same layout (world size, parallelism, model) is needed to load:
+a snapshot is a rank's shard, not a resharding checkpoint; a run on another layout uses the file
+system's. The files go with the job: the run removes them when it ends cleanly, and the node's epilog
+(node_scripts/slurm_health_hook.sh) when the job ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from training.parallel.distributed import Dist
+
+log = logging.getLogger(__name__)
+STEP_DIR = re.compile(r"step_(\d{8})")
+RANK_FILE = re.compile(r"rank_(\d{5})\.json")
+
+
+def node_name() -> str:
+    """This node's name: Slurm's for it (SLURMD_NODENAME; unique even where nodes share a host), else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def run_root(snapshot_dir: str, run_name: str) -> Path:
+    return Path(snapshot_dir) / f"llm-snapshots-{run_name}"
+
+
+def job_root(snapshot_dir: str, run_name: str) -> Path:
+    return run_root(snapshot_dir, run_name) / f"job_{os.environ.get('SLURM_JOB_ID') or 'local'}"
+
+
+class Untrusted(RuntimeError):
+    """The snapshot folder is not this user's alone: another user could have written what it holds."""
+
+
+def own_folder(path: Path) -> None:
+    """Create ``path`` (mode 0700) or accept it only if it is this user's and nobody else's to write."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise Untrusted(f"{path} is not a folder of this user's alone (owner uid {info.st_uid}, mode "
+                        f"{stat.S_IMODE(info.st_mode):o}): snapshots in memory are off for this run; remove it")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One rank's state at one step, held in one node's memory."""
+    node: str
+    rank: int  # the rank that saved it (the one that loads it, on the same layout)
+    step: int
+    manifest: dict
+
+
+def plan_restore(holdings: list[Copy], *, world_size: int, layout: dict, not_before: int,
+                 refused: set[tuple[str, int, int]]) -> tuple[int, dict[int, Copy]] | None:
+    """The newest step at or after ``not_before`` for which every rank's state is held somewhere (and not
+    refused, as ``(node, rank, step)``), and where each rank reads its own from; None if there is none."""
+    by_step: dict[int, dict[int, list[Copy]]] = {}
+    for copy in holdings:
+        m = copy.manifest
+        if (copy.node, copy.rank, copy.step) in refused or m.get("world_size") != world_size or m.get("layout") != layout:
+            continue
+        by_step.setdefault(copy.step, {}).setdefault(copy.rank, []).append(copy)
+    for step in sorted(by_step, reverse=True):
+        if step < not_before:
+            break
+        ranks = by_step[step]
+        if len(ranks) == world_size:
+            return step, {rank: sorted(copies, key=lambda c: c.node) for rank, copies in ranks.items()}
+    return None
+
+
+def local_shards(state):
+    """``state`` with every tensor a CPU copy of this rank's own part (a DTensor's local tensor)."""
+    leaves, spec = tree_flatten(state)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, DTensor):
+            leaf = leaf.to_local()
+        if isinstance(leaf, torch.Tensor):
+            leaf = leaf.detach().to("cpu", copy=True)
+        out.append(leaf)
+    return tree_unflatten(out, spec)
+
+
+def into_template(saved, template):
+    """The saved local shards as ``template`` holds them (DTensors rebuilt on the template's mesh and placements)."""
+    saved_leaves, saved_spec = tree_flatten(saved)
+    leaves, spec = tree_flatten(template)
+    if saved_spec != spec:
+        raise ValueError("the snapshot's state has other keys than this run's")
+    out = []
+    for have, want in zip(saved_leaves, leaves):
+        if isinstance(want, DTensor):
+            local = have.to(want.device)
+            if local.shape != want.to_local().shape:
+                raise ValueError(f"a shard of shape {tuple(local.shape)} where this run has {tuple(want.to_local().shape)}")
+            have = DTensor.from_local(local, want.device_mesh, want.placements, run_check=False,
+                                      shape=want.shape, stride=want.stride())
+        elif isinstance(want, torch.Tensor):
+            have = have.to(want.device)
+        out.append(have)
+    return tree_unflatten(out, spec)
+
+
+class Snapshots:
+    """``every``: steps between snapshots. ``layout``: what must match to load one (model, parallelism, world)."""
+
+    def __init__(self, snapshot_dir: str, run_name: str, *, every: int, d: Dist, layout: dict):
+        self.every, self.d, self.layout = every, d, layout
+        self.group = d.snapshot_group
+        self.node = node_name()
+        nodes: list = [None] * d.world_size
+        dist.all_gather_object(nodes, self.node, group=self.group)
+        self.nodes = nodes  # every rank's node, by rank
+        self.buddy, self.buddy_of = buddies(nodes, d.rank)
+        self.dir: Path | None = None
+        problem = ""
+        try:
+            own_folder(run_root(snapshot_dir, run_name))
+            own_folder(job_root(snapshot_dir, run_name))
+            self.dir = job_root(snapshot_dir, run_name) / self.node
+            self.dir.mkdir(exist_ok=True)
+        except (Untrusted, OSError) as exc:
+            problem = str(exc)
+        problems: list = [None] * d.world_size  # off on every rank if off on any: the buddy copies pair up ranks
+        dist.all_gather_object(problems, problem, group=self.group)
+        if any(problems):
+            if d.is_main:
+                log.warning("snapshots in memory: off: %s", next(p for p in problems if p))
+            self.dir = None
+        elif d.is_main:
+            log.info("snapshots in memory every %d steps in %s on each node%s", every, job_root(snapshot_dir, run_name),
+                     ", a copy of each on its buddy node half the allocation away" if self.buddy is not None
+                     else " (one node: no buddy copy)")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-writer")
+        self._pending: tuple[Future, int] | None = None
+        self.last_written = -1  # the newest step every rank and buddy holds
+        self.last_write_s = 0.0  # the writer's seconds for it: serialize, hash, store, copy to the buddy
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+    def due(self, step: int) -> bool:
+        return self.enabled and self.every > 0 and step % self.every == 0
+
+    # --- taking -------------------------------------------------------------------------------
+    def take(self, step: int, state: dict) -> float:
+        """Copy this rank's state to CPU memory and hand it to the writer; returns the seconds training waited."""
+        start = time.perf_counter()
+        self.wait()
+        copy = local_shards(state)
+        self._pending = (self._writer.submit(self._write, step, copy), step)
+        return time.perf_counter() - start
+
+    def poll(self) -> None:
+        if self._pending and self._pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self._pending:
+            future, step = self._pending
+            self._pending = None
+            try:
+                future.result()
+            except Exception as exc:  # a peer gone mid-copy: this step's snapshot is not whole, and never loads
+                log.warning("snapshot step %d not written: %s", step, exc)
+
+    def _write(self, step: int, state: dict) -> None:
+        started = time.perf_counter()
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getbuffer()
+        manifest = {"step": step, "rank": self.d.rank, "world_size": self.d.world_size, "layout": self.layout,
+                    "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "written_on": self.node}
+        problem = ""
+        try:
+            self._store(self.d.rank, step, data, manifest)
+            if self.buddy is not None:
+                theirs, their_manifest = self._exchange(data, manifest)
+                if hashlib.sha256(theirs).hexdigest() != their_manifest["sha256"]:
+                    raise OSError(f"the copy of rank {self.buddy_of}'s snapshot arrived damaged")
+                self._store(self.buddy_of, step, theirs, their_manifest)
+        except OSError as exc:  # a full /dev/shm: this step is not whole; every rank still votes below
+            problem = str(exc)
+        # Whole on every rank (its own and its buddy's): the older steps can go.
+        whole = torch.tensor([0 if problem else 1], dtype=torch.int32)
+        dist.all_reduce(whole, op=dist.ReduceOp.MIN, group=self.group)
+        if problem:
+            raise OSError(problem)
+        if whole.item():
+            self.last_written, self.last_write_s = step, time.perf_counter() - started
+            self._remove_before(step)
+
+    def _exchange(self, data, manifest: dict) -> tuple[memoryview, dict]:
+        """Send this rank's snapshot to its buddy and receive the one it keeps a copy of."""
+        meta = bytearray(json.dumps(manifest).encode())
+        sizes = torch.tensor([len(meta), len(data)], dtype=torch.int64)
+        their_sizes = torch.empty(2, dtype=torch.int64)
+        wait_all([dist.isend(sizes, self.buddy, group=self.group), dist.irecv(their_sizes, self.buddy_of, group=self.group)])
+        their_meta = torch.empty(int(their_sizes[0]), dtype=torch.uint8)
+        theirs = torch.empty(int(their_sizes[1]), dtype=torch.uint8)
+        wait_all([dist.isend(torch.frombuffer(meta, dtype=torch.uint8), self.buddy, group=self.group),
+                  dist.isend(torch.frombuffer(data, dtype=torch.uint8), self.buddy, group=self.group),
+                  dist.irecv(their_meta, self.buddy_of, group=self.group),
+                  dist.irecv(theirs, self.buddy_of, group=self.group)])
+        return memoryview(theirs.numpy()), json.loads(their_meta.numpy().tobytes())
+
+    def _store(self, rank: int, step: int, data, manifest: dict) -> None:
+        """The data, then its manifest, each renamed into place: a file without its manifest never loads."""
+        folder = self.dir / f"step_{step:08d}"
+        folder.mkdir(exist_ok=True)
+        for name, payload in ((f"rank_{rank:05d}.pt", data), (f"rank_{rank:05d}.json", json.dumps(manifest).encode())):
+            temporary = folder / f".{name}.{os.getpid()}"
+            with open(temporary, "wb") as f:
+                f.write(payload)
+            os.replace(temporary, folder / name)
+
+    def _remove_before(self, step: int) -> None:
+        """This rank's files (its own and its buddy's copy) of every step before ``step``."""
+        mine = {self.d.rank, self.buddy_of} - {None}
+        for folder in self.dir.glob("step_*"):
+            match = STEP_DIR.fullmatch(folder.name)
+            if not match or int(match[1]) >= step:
+                continue
+            for rank in mine:
+                for suffix in (".json", ".pt"):  # the manifest first: a file without one is never loaded
+                    (folder / f"rank_{rank:05d}{suffix}").unlink(missing_ok=True)
+            try:
+                folder.rmdir()  # the node's last rank to get here removes it
+            except OSError:
+                pass
+
+    def discard(self) -> None:
+        """Remove this rank's snapshots (the state may be corrupt: the next start reads the file system)."""
+        self.wait()
+        if self.enabled:
+            self._remove_before(1 << 40)
+
+    def close(self, *, remove: bool) -> None:
+        """Finish the write in flight; ``remove``: the run ended cleanly, its snapshots are of no more use."""
+        self.wait()
+        self._writer.shutdown(wait=True)
+        if remove and self.enabled:
+            dist.barrier(group=self.group)  # no rank still reading or writing
+            if self.nodes.index(self.node) == self.d.rank:
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    # --- restoring ----------------------------------------------------------------------------
+    def holdings(self) -> list[Copy]:
+        """Every rank's state this node holds, by its manifests (read by the node's lowest rank only)."""
+        if not self.enabled or self.nodes.index(self.node) != self.d.rank:
+            return []
+        found = []
+        for manifest_path in self.dir.glob("step_*/rank_*.json"):
+            if not STEP_DIR.fullmatch(manifest_path.parent.name) or not RANK_FILE.fullmatch(manifest_path.name):
+                continue
+            try:
+                manifest = json.loads(manifest_path.read_text())
+                found.append(Copy(self.node, int(manifest["rank"]), int(manifest["step"]), manifest))
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("snapshot manifest %s unreadable (%s): ignored", manifest_path, exc)
+        return found
+
+    def restore(self, template, *, not_before: int) -> tuple[dict, int, dict] | None:
+        """Load the newest whole snapshot at or after step ``not_before`` (the file system's latest) into
+        ``template()``'s form, on every rank; None (on every rank) where there is none.
+        Returns (state, step, how: counts of ranks loaded from their own node and from another's)."""
+        if not self.enabled:
+            return None
+        gathered: list = [None] * self.d.world_size
+        dist.all_gather_object(gathered, self.holdings(), group=self.group)
+        holdings = [copy for node_copies in gathered for copy in node_copies]
+        refused: set[tuple[str, int, int]] = set()
+        while True:
+            plan = plan_restore(holdings, world_size=self.d.world_size, layout=self.layout, not_before=max(not_before, 0),
+                                refused=refused)
+            if plan is None:
+                if self.d.is_main and holdings:
+                    log.warning("snapshots in memory: no step whole for every rank (%d copies held%s): resuming from "
+                                "the file system", len(holdings), f", {len(refused)} refused" if refused else "")
+                return None
+            step, sources = plan
+            start = time.perf_counter()
+            data, failures, moved = self._fetch(step, sources)
+            everyone: list = [None] * self.d.world_size
+            dist.all_gather_object(everyone, failures, group=self.group)
+            new = {f for rank_failures in everyone for f in rank_failures}
+            if not new:
+                break
+            for node, rank, bad_step, why in sorted(new):
+                if self.d.is_main:
+                    log.warning("snapshot step %d of rank %d on %s refused: %s; trying another copy", bad_step, rank, node, why)
+                refused.add((node, rank, bad_step))
+        state = into_template(torch.load(io.BytesIO(data), weights_only=True), template())
+        counts = torch.tensor([int(self._source(sources[self.d.rank]).node == self.node), moved], dtype=torch.int64)
+        dist.all_reduce(counts, group=self.group)
+        how = {"own_node": int(counts[0]), "other_node": self.d.world_size - int(counts[0]), "bytes_moved": int(counts[1]),
+               "seconds": round(time.perf_counter() - start, 3)}
+        if self.d.is_main:
+            log.info("resumed from the snapshot in memory of step %d: of its %d ranks, %d from their own node, %d from a copy on "
+                     "another node (%.3g MB sent, %.2f s)", step, self.d.world_size, how["own_node"], how["other_node"], how["bytes_moved"] / 1e6,
+                     how["seconds"])
+        self.last_written = step
+        return state, step, how
+
+    def _source(self, copies: list[Copy]) -> Copy:
+        """Where a rank's state is read from: its own node if it holds it, else the first node that does."""
+        return next((c for c in copies if c.node == self.node), copies[0])
+
+    def _fetch(self, step: int, sources: dict[int, list[Copy]]) -> tuple[bytes | None, list, int]:
+        """This rank's state at ``step``: read here, or received from the node holding it; this rank sends what
+        its node holds for ranks elsewhere (the node's lowest rank sends). Returns (data, refused copies, bytes sent)."""
+        first_rank = {node: self.nodes.index(node) for node in set(self.nodes)}
+        chosen = {}
+        for rank, copies in sources.items():
+            there = next((c for c in copies if c.node == self.nodes[rank]), None)
+            chosen[rank] = there or copies[0]
+        failures, sent = [], 0
+        sends, outgoing = [], []
+        for rank, copy in chosen.items():
+            if copy.node == self.node and first_rank[self.node] == self.d.rank and self.nodes[rank] != self.node:
+                payload, why = self._read(copy)
+                if why:
+                    failures.append((copy.node, rank, step, why))
+                    payload = b""
+                announced = torch.tensor([len(payload)], dtype=torch.int64)
+                outgoing.append((rank, payload, announced))
+                sends.append(dist.isend(announced, rank, group=self.group))
+        mine = chosen[self.d.rank]
+        data, incoming = None, torch.zeros(1, dtype=torch.int64)
+        if mine.node == self.node:
+            data, why = self._read(mine)
+            if why:
+                failures.append((mine.node, self.d.rank, step, why))
+        else:
+            dist.irecv(incoming, first_rank[mine.node], group=self.group).wait()
+        wait_all(sends)
+        sends = []
+        for rank, payload, _ in outgoing:
+            if len(payload):
+                sends.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), rank, group=self.group))
+                sent += len(payload)
+        if mine.node != self.node and int(incoming):
+            buffer = torch.empty(int(incoming), dtype=torch.uint8)
+            dist.irecv(buffer, first_rank[mine.node], group=self.group).wait()
+            data = buffer.numpy().tobytes()
+            if hashlib.sha256(data).hexdigest() != mine.manifest["sha256"]:
+                failures.append((mine.node, self.d.rank, step, "its SHA-256 does not match its manifest (damaged in transfer)"))
+        wait_all(sends)
+        return data, failures, sent
+
+    def _read(self, copy: Copy) -> tuple[bytearray, str]:
+        """A copy's bytes and '' if whole, else what is wrong with it."""
+        path = self.dir / f"step_{copy.step:08d}" / f"rank_{copy.rank:05d}.pt"
+        try:
+            with open(path, "rb") as f:
+                data = bytearray(f.read())
+        except OSError as exc:
+            return bytearray(), f"unreadable ({exc})"
+        if len(data) != copy.manifest["bytes"] or hashlib.sha256(data).hexdigest() != copy.manifest["sha256"]:
+            return bytearray(), f"{path}: its SHA-256 does not match its manifest"
+        return data, ""
+
+
+def buddies(nodes: list[str], rank: int) -> tuple[int | None, int | None]:
+    """(the rank this rank's copy goes to, the rank whose copy it keeps): the rank with the same place on the
+    node half the nodes away, in order of first rank. None, None on one node or nodes of unequal rank counts."""
+    order = list(dict.fromkeys(nodes))
+    ranks_of = {node: [r for r, n in enumerate(nodes) if n == node] for node in order}
+    if len(order) < 2 or len({len(ranks) for ranks in ranks_of.values()}) > 1:  # pairs need equal nodes
+        return None, None
+    here = order.index(nodes[rank])
+    place = ranks_of[nodes[rank]].index(rank)
+    shift = len(order) // 2
+
+    def at(node_index: int) -> int:
+        return ranks_of[order[node_index % len(order)]][place]
+
+    return at(here + shift), at(here - shift)
+
+
+def wait_all(works) -> None:
+    for work in works:
+        work.wait()

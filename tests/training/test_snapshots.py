@@ -1,0 +1,190 @@
+"""Snapshots in memory (training/checkpoints/snapshot.py): real 2-node gloo runs killed and started again.
+
+Each "node" is a launcher of its own (SLURMD_NODENAME n1, n2, ...: the name Slurm gives a job step), with
+one rank; its memory is its folder under the test's snapshot_dir, as /dev/shm is a node's. A node lost is
+a folder deleted and a new name in its place. Every loss of every launch must equal the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CONFIG, REPO, SHORT, TORCHRUN, Run, free_port
+from training.checkpoints.snapshot import Copy, buddies, plan_restore
+
+LAYOUT = {"preset": "tiny", "world_size": 2}
+
+
+def copy(node, rank, step, **manifest):
+    return Copy(node, rank, step, {"world_size": 2, "layout": LAYOUT, **manifest})
+
+
+def test_the_newest_step_whole_for_every_rank_is_chosen():
+    held = [copy("n1", 0, 6), copy("n1", 1, 6), copy("n2", 1, 6), copy("n1", 0, 9)]  # rank 1's step 9: never written
+    assert plan_restore(held, world_size=2, layout=LAYOUT, not_before=0, refused=set())[0] == 6
+    step, sources = plan_restore(held, world_size=2, layout=LAYOUT, not_before=0, refused={("n1", 1, 6)})
+    assert step == 6 and [c.node for c in sources[1]] == ["n2"]  # a refused copy: the other one
+    assert plan_restore(held, world_size=2, layout=LAYOUT, not_before=0, refused={("n1", 1, 6), ("n2", 1, 6)}) is None
+    assert plan_restore(held, world_size=2, layout=LAYOUT, not_before=7, refused=set()) is None  # the FSx one is newer
+    other_layout = [copy("n1", r, 6, layout={**LAYOUT, "preset": "other"}) for r in (0, 1)]
+    assert plan_restore(other_layout, world_size=2, layout=LAYOUT, not_before=0, refused=set()) is None
+
+
+def test_buddies_pair_each_rank_with_the_same_place_half_the_nodes_away():
+    nodes = [n for n in ("a", "b", "c", "d") for _ in range(2)]  # 4 nodes x 2 ranks
+    pairs = [buddies(nodes, r) for r in range(8)]
+    assert [p[0] for p in pairs] == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert sorted(p[0] for p in pairs) == list(range(8))  # a permutation: each rank keeps exactly one copy
+    assert all(pairs[buddy][1] == r for r, (buddy, _) in enumerate(pairs))
+    assert buddies(["a", "a"], 0) == (None, None)  # one node: no copy elsewhere
+    assert buddies(["a", "a", "b"], 0) == (None, None)  # unequal nodes: no pairing
+
+
+class TwoNodes:
+    """One rank on each of two named nodes, as two torchrun launchers joined by a c10d rendezvous."""
+
+    def __init__(self, run: Run, data: Path, shm: Path):
+        self.run, self.data, self.shm = run, data, shm
+        self.processes: list[subprocess.Popen] = []
+        self.outputs: list[Path] = []
+
+    def start(self, *nodes: str) -> None:
+        port, self.processes, self.outputs = free_port(), [], []
+        for node in nodes:
+            out = self.run.root / f"launch-{len(self.run.records())}-{node}.txt"
+            cmd = [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=snap{port}", "-m", "training.train",
+                   "--config", str(CONFIG), f"data.path={self.data}", *SHORT, "checkpoint.every=5",
+                   "checkpoint.snapshot_every=3", f"checkpoint.snapshot_dir={self.shm}"]
+            self.processes.append(subprocess.Popen(cmd, env={**self.run.env(), "SLURMD_NODENAME": node}, cwd=REPO,
+                                                   stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True))
+            self.outputs.append(out)
+
+    def output(self) -> str:
+        return "\n".join(out.read_text() for out in self.outputs)
+
+    def kill(self) -> None:
+        """Every process of both nodes, at once (SIGKILL): what a failure leaves is memory and the file system."""
+        for process in self.processes:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended already (a failure: the assertions after say which)
+                pass
+        for process in self.processes:
+            process.wait()
+
+    def wait(self, timeout: float = 180) -> list[int]:
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"training did not finish within {timeout} s:\n{self.output()[-4000:]}")
+        return [p.returncode for p in self.processes]
+
+    def node_dir(self, node: str) -> Path:
+        return self.shm / "llm-snapshots-model1/job_local" / node
+
+    def whole_steps(self, *nodes: str) -> set[int]:
+        """Steps whose two ranks each have a manifest on every one of ``nodes`` (own copy and buddy's)."""
+        found = [{int(m.parent.name[5:]) for m in self.node_dir(n).glob("step_*/rank_*.json")
+                  if len(list(m.parent.glob("rank_*.json"))) == 2} for n in nodes]
+        return set.intersection(*found) if found else set()
+
+    def kill_after_snapshot(self, step: int, *nodes: str, timeout: float = 90) -> int:
+        """Kill both nodes once the snapshot of ``step`` is whole; the newest whole snapshot step when killed."""
+        deadline = time.monotonic() + timeout
+        while not any(s >= step for s in self.whole_steps(*nodes)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
+                self.kill()
+                pytest.fail(f"no whole snapshot of step {step}:\n{self.output()[-4000:]}")
+            time.sleep(0.05)
+        self.kill()
+        return max(self.whole_steps(*nodes))
+
+
+def starts(run: Run) -> list[dict]:
+    return [r for r in run.records() if r.get("event") == "start"]
+
+
+def test_a_killed_run_resumes_from_memory_then_a_buddys_copy_then_the_file_system(run, tiny_data, reference_losses, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    nodes = TwoNodes(run, tiny_data, shm)
+
+    # Every process of both nodes killed after the snapshot of step 6: the relaunch on the same nodes
+    # loads it from their memory, though the file system's latest is step 5. A snapshot of step 9 cut
+    # short (its files written, their manifests not: what a kill while writing leaves) is not loaded.
+    nodes.start("n1", "n2")
+    killed_at = nodes.kill_after_snapshot(6, "n1", "n2")
+    assert int((run.checkpoints / "latest").read_text().strip()[5:]) < killed_at  # the file system's is older
+    half = nodes.node_dir("n1") / "step_99999990"
+    half.mkdir()
+    for pt in (nodes.node_dir("n1") / f"step_{killed_at:08d}").glob("*.pt"):
+        (half / pt.name).write_bytes(pt.read_bytes())
+    nodes.start("n1", "n2")
+    nodes.kill_after_snapshot(killed_at + 3, "n1", "n2")
+    first = starts(run)[-1]
+    assert first["resumed_from"]["source"] == "snapshot" and first["step"] == killed_at, (first, nodes.output()[-3000:])
+    assert first["resumed_from"]["own_node"] == 2 and first["resumed_from"]["other_node"] == 0
+    shutil_rmtree(half)
+
+    # Node n2 lost (its memory with it) and n3 in its place: n3's rank gets n2's state from the copy n1 keeps.
+    killed_at = max(nodes.whole_steps("n1", "n2"))
+    shutil_rmtree(nodes.node_dir("n2"))
+    nodes.start("n1", "n3")
+    killed_at_2 = nodes.kill_after_snapshot(killed_at + 3, "n1", "n3")
+    second = starts(run)[-1]
+    assert second["resumed_from"]["source"] == "snapshot" and second["step"] == killed_at, (second, nodes.output()[-3000:])
+    assert second["resumed_from"]["own_node"] == 1 and second["resumed_from"]["other_node"] == 1
+    assert second["resumed_from"]["bytes_moved"] > 0
+
+    # A flipped byte in n1's own copy: refused (logged), the buddy's copy on n3 loaded instead.
+    step_dir = nodes.node_dir("n1") / f"step_{killed_at_2:08d}"
+    own = next(m for m in step_dir.glob("rank_*.json") if json.loads(m.read_text())["written_on"] == "n1")
+    damaged = own.with_suffix(".pt")
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    damaged.write_bytes(bytes(data))
+    started = len(starts(run))
+    nodes.start("n1", "n3")
+    deadline = time.monotonic() + 90
+    while len(starts(run)) == started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    third = starts(run)[-1]
+    assert third["resumed_from"]["source"] == "snapshot" and third["step"] == killed_at_2, (third, nodes.output()[-3000:])
+    assert third["resumed_from"]["other_node"] >= 1
+    assert f"refused: {damaged}: its SHA-256 does not match its manifest; trying another copy" in nodes.output()
+    nodes.kill()
+
+    # Both nodes lost together (n1 and its buddy n3): no copy in memory, the file system's latest checkpoint;
+    # the run completes.
+    shutil_rmtree(nodes.node_dir("n1"))
+    shutil_rmtree(nodes.node_dir("n3"))
+    latest_fsx = int((run.checkpoints / "latest").read_text().strip()[5:])
+    nodes.start("n4", "n5")
+    assert nodes.wait() == [0, 0], nodes.output()[-4000:]
+    last = starts(run)[-1]
+    assert last["resumed_from"] == {"source": "checkpoint", "step": latest_fsx}
+    assert run.status() == "complete"
+    assert not nodes.node_dir("n4").exists() and not nodes.node_dir("n5").exists()  # a clean end removes them
+
+    # Every loss logged by every launch, repeated steps included, is the uninterrupted run's.
+    for record in run.records():
+        if "loss" in record:
+            assert (record["loss"], record["samples_crc"]) == reference_losses[record["step"]], record
+    assert {r["step"] for r in run.records() if "loss" in r} == set(reference_losses)
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
