@@ -5,10 +5,24 @@ The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the so
   failures     every node fails at ``λ = goodput.failures_per_1000_node_days / 1000`` per day,
                independently, whenever its model holds it (waits included): the model fails at
                ``Λ = λ n`` per day
-  one failure  costs the model ``L = recovery_s`` (detect, requeue, restart)
-                                 ``+ τ / 2 + save_s`` (the work since the last committed checkpoint: half
-                                   an interval on average, plus the save in flight, not yet committed)
-                                 ``+ R x P(no spare)`` (the wait for ParallelCluster's replacement node)
+  one failure  is recovered inside the job when one of the model's ``H`` hot spares is free (and it takes
+               snapshots), else by today's requeue:
+               ``L = (1 - q) L_job + q L_requeue``, ``q = P(no hot spare)`` (1 without hot spares or snapshots)
+  in the job   ``L_job = detection_s + relaunch_s`` (every rank knows; a new job step starts and rendezvouses)
+                       ``+ B / E`` (the hot spare loads the lost node's shards, ``B`` bytes, from their buddy
+                         copy over the node's EFA bandwidth ``E``; survivors load their own from memory)
+                       ``+ σ / 2`` (the steps since the last snapshot, ``σ`` apart: half on average)
+  requeue      ``L_requeue = recovery_s`` (detect, requeue, restart)
+                       ``+ τ / 2 + save_s`` (the work since the last committed checkpoint: half
+                         an interval on average, plus the save in flight, not yet committed)
+                       ``+ R x P(no spare)`` (the wait for ParallelCluster's replacement node)
+  hot spares   Slurm cannot add a node to a running job, so a used hot spare comes back only with the
+               model's next job, ``T = goodput.hot_spare_refill_h`` later at most (the jobs' time limit).
+               Spares are used at ``u = λ (n + H)`` a day (the spares' own failures too); a failure at a
+               uniform time ``t`` of a job finds ``Poisson(u t)`` spares used before it, so
+               ``q = 1 - (1 / X) Σ_{k=1..H} P(Poisson(X) >= k)``, ``X = u T`` (each term is
+               ``∫_0^X P(Poisson(x) <= k - 1) dx``). An upper bound: a requeue also starts a new job with
+               every spare back.
   ETTR         productive / wall time ``= 1 - Λ L``; days to finish ``= failure-free days / ETTR``;
                expected failures ``= Λ x days``; lost GPU-hours ``= (days - failure-free days) x 24 x GPUs``
   spares       with ``N`` nodes training, failures arrive at ``λ N`` per day and each failed node is
@@ -35,7 +49,9 @@ the normal step time, losing ``W x``), then the eviction. Either restart costs w
 (requeue and eviction both save first: no rework), the recovery, and the replacement wait when no spare is free.
 
 ``goodput(row, settings)`` gives one model's ``Goodput`` (inputs and results) from its plan row;
-``build_plan(settings).rows[i].goodput`` holds the same for every model. A simulation of the cluster
+``build_plan(settings).rows[i].goodput`` holds the same for every model (``.stress``: at ``goodput.stress_factor`` x
+the failure rate). ``hot_spare_trade(row, settings, H, factor)`` sets ``H`` hot spares against none: the GPU-hours
+they keep idle for the whole run against the GPU-hours of failures they save. A simulation of the cluster
 compares its measured failures, lost GPU-hours, ETTR and days with these.
 """
 
@@ -59,6 +75,10 @@ class Run(Protocol):
     days: float  # without failures
     checkpoint_every_h: float
     save_s: float
+    hot_spares: int
+    snapshot_interval_s: float  # 0: no snapshots
+    snapshot_bytes_per_node: float  # one node's shards of the training state: what its buddy sends a hot spare
+    network_gb_s_per_node: float  # the node's EFA bandwidth, GB/s (0: unknown: no transfer counted)
 
 DAY_S = 86400.0
 P95 = 0.95
@@ -87,6 +107,17 @@ def p_no_spare(mean_down: float, spares: int) -> float:
         return 0.0 if spares else 1.0
     below = sum(_poisson_pmf(mean_down, k) for k in range(spares))
     return max(0.0, 1.0 - below)
+
+
+def p_no_hot_spare(uses_per_day: float, spares: int, refill_days: float) -> float:
+    """A failure finds all ``spares`` hot spares of its model used: spares are used at ``uses_per_day`` and
+    come back every ``refill_days`` (a new job); the failure falls uniformly in that time."""
+    if spares == 0:
+        return 1.0
+    used = uses_per_day * refill_days  # X
+    if used <= 0:
+        return 0.0
+    return max(0.0, 1.0 - sum(p_no_spare(used, k) for k in range(1, spares + 1)) / used)
 
 
 def poisson_quantile(mean: float, q: float) -> int | float:
@@ -119,6 +150,13 @@ class Goodput:
     recovery_s: float  # detect, requeue, restart
     replacement_s: float  # R: ParallelCluster replacing a failed node
     p_no_spare: float  # a failure finds no spare node free
+    # Recovery inside the job; without snapshots or hot spares every failure takes the requeue path.
+    snapshot_interval_s: float = 0.0  # σ: checkpoint.snapshot_every steps; 0: no snapshots
+    hot_spares: int = 0  # H: the model's (models.<m>.hot_spares)
+    detection_s: float = 0.0
+    relaunch_s: float = 0.0
+    transfer_s: float = 0.0  # the lost node's shards from their buddy copy, over EFA
+    p_no_hot_spare: float = 1.0  # q: a failure finds every hot spare used (1 without snapshots)
 
     @property
     def young_interval_s(self) -> float:
@@ -137,8 +175,19 @@ class Goodput:
         return max(0.0, self.replacement_s - self.recovery_s) * self.p_no_spare
 
     @property
-    def lost_per_failure_s(self) -> float:
+    def requeue_lost_s(self) -> float:
+        """A failure recovered by today's path: the job requeued, restarted from the last checkpoint."""
         return self.recovery_s + self.rework_s + self.replacement_wait_s
+
+    @property
+    def in_job_lost_s(self) -> float:
+        """A failure recovered inside the job onto a hot spare, from the snapshots."""
+        return self.detection_s + self.relaunch_s + self.transfer_s + self.snapshot_interval_s / 2
+
+    @property
+    def lost_per_failure_s(self) -> float:
+        q = self.p_no_hot_spare
+        return self.requeue_lost_s if q >= 1 else (1 - q) * self.in_job_lost_s + q * self.requeue_lost_s
 
     @property
     def ettr(self) -> float:
@@ -177,18 +226,56 @@ def mean_nodes_down(settings: Settings) -> float:
     return assume.failures_per_1000_node_days / 1000 * training * assume.node_replacement_min / 1440
 
 
-def goodput(row: Run, settings: Settings) -> Goodput:
-    """``row``'s model (a plan row: nodes, failure-free days, checkpoint interval and save time) under
-    ``settings.goodput`` and ``settings.gpu_queue.spare_nodes``."""
+def goodput(row: Run, settings: Settings, *, hot_spares: int | None = None, failure_factor: float = 1.0) -> Goodput:
+    """``row``'s model (a plan row: nodes, failure-free days, checkpoint and snapshot intervals, save time,
+    snapshot bytes per node and the EFA bandwidth) under ``settings.goodput``, ``settings.gpu_queue.spare_nodes``
+    and its ``hot_spares`` (default: its entry's), every failure rate ``failure_factor`` times the settings'."""
     assume = settings.goodput
+    rate = assume.failures_per_1000_node_days / 1000 * failure_factor  # λ, per node and day
+    spares = row.hot_spares if hot_spares is None else hot_spares
+    snapshots = row.snapshot_interval_s > 0
+    down = mean_nodes_down(settings) * failure_factor
     return Goodput(
         name=row.name, nodes=row.nodes, gpus=row.gpus, cost_per_hour_usd=row.cost_per_hour_usd,
         failure_free_days=row.days,
-        failures_per_day=assume.failures_per_1000_node_days / 1000 * row.nodes,
+        failures_per_day=rate * row.nodes,
         checkpoint_interval_s=row.checkpoint_every_h * 3600, save_s=row.save_s, recovery_s=assume.recovery_s,
         replacement_s=assume.node_replacement_min * 60,
-        p_no_spare=p_no_spare(mean_nodes_down(settings), settings.gpu_queue.spare_nodes),
+        p_no_spare=p_no_spare(down, settings.gpu_queue.spare_nodes),
+        snapshot_interval_s=row.snapshot_interval_s, hot_spares=spares, detection_s=assume.detection_s,
+        relaunch_s=assume.relaunch_s,
+        transfer_s=row.snapshot_bytes_per_node / (row.network_gb_s_per_node * 1e9) if row.network_gb_s_per_node else 0.0,
+        p_no_hot_spare=(p_no_hot_spare(rate * (row.nodes + spares), spares, assume.hot_spare_refill_h / 24)
+                        if snapshots else 1.0),
     )
+
+
+@dataclass(frozen=True)
+class HotSpareTrade:
+    """What ``spares`` hot spares buy one model at one failure rate: GPU-hours they keep idle (held for the
+    whole run) against the GPU-hours of failures they save, compared with none."""
+
+    spares: int
+    failure_factor: float
+    without: Goodput
+    with_spares: Goodput
+
+    @property
+    def idle_gpu_hours(self) -> float:
+        return self.spares * (self.with_spares.gpus / self.with_spares.nodes) * self.with_spares.days * 24
+
+    @property
+    def saved_gpu_hours(self) -> float:
+        return self.without.lost_gpu_hours - self.with_spares.lost_gpu_hours
+
+    @property
+    def pays(self) -> bool:
+        return self.saved_gpu_hours > self.idle_gpu_hours
+
+
+def hot_spare_trade(row: Run, settings: Settings, spares: int, failure_factor: float = 1.0) -> HotSpareTrade:
+    return HotSpareTrade(spares, failure_factor, goodput(row, settings, hot_spares=0, failure_factor=failure_factor),
+                         goodput(row, settings, hot_spares=spares, failure_factor=failure_factor))
 
 
 @dataclass(frozen=True)

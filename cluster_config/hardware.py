@@ -34,6 +34,19 @@ GPUS = {
 }
 
 
+# Host memory per instance, GiB (EC2 instance types): what a node's in-memory snapshots, its buddy's copy,
+# the data loaders and the pinned staging share (cluster_config/plan.py: the host memory budget).
+HOST_MEMORY_GIB = {
+    "p5e.48xlarge": 2048, "p5en.48xlarge": 2048, "p5.48xlarge": 2048, "p4de.24xlarge": 1152, "p4d.24xlarge": 1152,
+    "g5.12xlarge": 192, "g5.48xlarge": 768,
+}
+
+
+def host_memory_gib(settings: Settings) -> float | None:
+    """A GPU node's host memory: plan.host_memory_gib, else the instance type's; None when neither is known."""
+    return settings.plan.host_memory_gib or HOST_MEMORY_GIB.get(settings.gpu_queue.instance_type)
+
+
 def gpu_of(settings: Settings) -> Gpu | None:
     known = GPUS.get(settings.gpu_queue.instance_type)
     memory_gib = settings.plan.gpu_memory_gib or (known.memory_gib if known else None)

@@ -1,17 +1,22 @@
 """A model's training config from its one entry in the settings: the recipe (how to train) with the entry's
 preset, data, tokenizer, seq_len, global batch, steps and overrides (what to train), checked by the
-trainer's own config model. The plan sizes the models from it; model_jobs.py writes it into the jobs bundle.
+trainer's own config model, plus ``checkpoint.snapshot_every``: the most steps whose estimated time
+(``training.sizing.throughput`` at ``plan.mfu``) fits in ``goodput.snapshot_minutes``, unless the entry's overrides
+set it. The plan sizes the models from it; model_jobs.py writes it into the jobs bundle.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 from training.models.architecture import Architecture, ArchitectureError  # torch-free, from jobs/
 from training.config import Config, ConfigError, read_config_file, set_key, validate_config
 from training.models.presets import resolve
+from training.sizing.throughput import StepEstimate, estimate_mfu
 
+from cluster_config.hardware import gpu_of
 from cluster_config.settings import ModelPlan, Settings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -78,10 +83,40 @@ def training_config(settings: Settings, model: ModelPlan) -> dict:
         for key, value in {**facts, **model.overrides}.items():
             set_key(config, key, value)
         # The trainer's own checks, at the model's world size: what the job would refuse at its start.
-        validate_config(config).grad_accum_steps(model.nodes * settings.gpu_queue.gpus_per_instance)
+        cfg = validate_config(config)
+        cfg.grad_accum_steps(model.nodes * settings.gpu_queue.gpus_per_instance)
     except ConfigError as exc:
         raise SettingsError(f"{where}: {exc} (the entry, its overrides, or {recipe.relative_to(REPO_ROOT)})") from None
+    if SNAPSHOT_KEY not in model.overrides:  # an override (0: off) is the entry's own choice
+        every = snapshot_every(settings, model, cfg)
+        if every:
+            config.setdefault("checkpoint", {})["snapshot_every"] = every
     return config
+
+
+SNAPSHOT_KEY = "checkpoint.snapshot_every"
+
+
+def step_estimate(settings: Settings, model: ModelPlan, cfg: Config) -> StepEstimate | None:
+    """One training step of ``cfg`` on the model's nodes at ``plan.mfu`` (``training.sizing.throughput``);
+    None without GPU figures for the instance type."""
+    gpu = gpu_of(settings)
+    if gpu is None:
+        return None
+    queue = settings.gpu_queue
+    return estimate_mfu(architecture(settings, model), cfg.train, vocab=vocabulary(settings, model, cfg),
+                        seq_len=cfg.data.seq_len, gpus=model.nodes * queue.gpus_per_instance,
+                        gpus_per_node=queue.gpus_per_instance, peak_tflops=gpu.peak_tflops,
+                        node_link_gb_s=gpu.node_link_gb_s, network_gb_s=gpu.network_gb_s, compute_mfu=settings.plan.mfu)
+
+
+def snapshot_every(settings: Settings, model: ModelPlan, cfg: Config) -> int:
+    """Steps between two in-memory snapshots: the most whose estimated time fits in ``goodput.snapshot_minutes``
+    (1 at least); 0 (off) without a step time to size it from."""
+    step = step_estimate(settings, model, cfg)
+    if step is None or step.step_s <= 0:
+        return 0
+    return max(1, math.floor(settings.goodput.snapshot_minutes * 60 / step.step_s))
 
 
 def model_config(settings: Settings, model: ModelPlan) -> Config:

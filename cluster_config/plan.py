@@ -19,15 +19,23 @@ and works out:
   ``checkpoint.keep`` complete ones + one being written) against the checkpoint file system;
 - the datasets' shards (one pass of each model's tokens, once per dataset folder) and their raw text
   against the data file system (docs/data_pipeline.md, Space on /fsx/data);
+- snapshots in node memory: the interval its training config takes them at (``checkpoint.snapshot_every``,
+  sized by cluster_config/model_configs.py to ``goodput.snapshot_minutes``), and per node the host memory
+  they take (its own shards of the parameters and optimizer state and its buddy's copy), beside the async
+  checkpoint's pinned staging and the data loaders, against the instance's memory less
+  ``plan.host_memory_headroom``;
 - goodput (``cluster_config/goodput.py``): expected node failures over its run, the time each costs
-  (recovery, rework since the last checkpoint, waiting for a replacement node when no spare is
-  free), its ETTR and the days to finish with failures (these days are the ones checked against
-  ``plan.deadline_days``), flagged below ``goodput.min_ettr`` and when the 95th percentile of the
-  finish falls after the Capacity Blocks' end.
+  (recovered inside the job onto a hot spare from the snapshots, or requeued: recovery, rework since the
+  last checkpoint, waiting for a replacement node when no spare is free), its ETTR and the days to finish
+  with failures (these days are the ones checked against ``plan.deadline_days``), flagged below
+  ``goodput.min_ettr`` and when the 95th percentile of the finish falls after the Capacity Blocks' end;
+  the same at ``goodput.stress_factor`` x the failure rate, and the trade of 1 to 3 hot spares (GPU-hours
+  idle against GPU-hours saved) at both rates.
 
 ``spares_alternative`` re-sizes the models around N spare nodes (``plan --spares N``).
 
-A model that does not fit in GPU memory and checkpoints or shards that overflow their file system are errors
+A model that does not fit in GPU memory or whose snapshots do not fit in host memory, and checkpoints or shards
+that overflow their file system are errors
 (synth stops: ``stacks/app.py``), as is a model entry whose training config does not validate (a
 global batch that does not divide, a bad override); a late model and an under-provisioned data file
 system are warnings. Each comes with the fix.
@@ -43,11 +51,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from training.sizing.memory import GIB, RunShape, checkpoint_bytes, memory
-from training.sizing.throughput import estimate_mfu
+from training.sizing.throughput import BUS_EFFICIENCY
 
-from cluster_config.goodput import Goodput, Stragglers, goodput, mean_nodes_down, p_no_spare, stragglers
-from cluster_config.hardware import Gpu, gpu_of
-from cluster_config.model_configs import architecture, model_config, vocabulary
+from cluster_config.goodput import (Goodput, HotSpareTrade, Stragglers, goodput, hot_spare_trade, mean_nodes_down,
+                                    p_no_spare, stragglers)
+from cluster_config.hardware import Gpu, gpu_of, host_memory_gib
+from cluster_config.model_configs import SNAPSHOT_KEY, architecture, model_config, step_estimate, vocabulary
 from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
 from cluster_config.settings import GoodputSettings, ModelPlan, Settings, SettingsError
 
@@ -91,6 +100,14 @@ def read_measured(path: Path) -> Measured:
                             "the layout runs failed); run jobs/acceptance.sh on the GPU cluster first")
     return measured
 
+
+# Host memory of a node's data loaders: a DataLoader worker's peak RSS, 259 MB, measured reading two epochs
+# (docs/data_pipeline.md, loader peak RSS; 218 MB of it torch and numpy), for each of data.num_workers per rank,
+# and the pinned int64 batches in flight: prefetch_factor (4, data_pipeline/loader.py) per worker and one more.
+LOADER_WORKER_BYTES = 259e6
+LOADER_PREFETCH = 4
+# The hot spares the plan weighs for each model (models.<m>.hot_spares): 0 (the settings' default) up to this.
+TRADE_SPARES = (1, 2, 3)
 
 # Raw text per token, for the space a corpus takes on the data file system while it is tokenized: about 4
 # characters of English per token for Llama-family BPE tokenizers, 1 byte each in UTF-8 (more for other
@@ -137,6 +154,14 @@ class ModelRow:
     checkpoint_every_h: float = 0.0  # every checkpoint.every steps, or sooner after checkpoint.every_minutes
     goodput: Goodput | None = None  # failures and what they cost; None without GPU figures (no days)
     stragglers: Stragglers | None = None  # slow nodes and what they cost, unattended and evicted
+    hot_spares: int = 0  # the entry's: held in its allocation for recovery inside the job
+    snapshot_every: int = 0  # checkpoint.snapshot_every of its training config (0: no snapshots)
+    snapshot_interval_s: float = 0.0  # snapshot_every steps at step_s
+    snapshot_bytes_per_node: float = 0.0  # one node's shards of the training state (parameters and optimizer)
+    network_gb_s_per_node: float = 0.0  # its EFA at the collectives' bus efficiency: a buddy copy's transfer
+    host_memory: dict[str, float] = field(default_factory=dict)  # GiB per node by use, and "total"
+    stress: Goodput | None = None  # goodput at goodput.stress_factor x the failure rate
+    trades: tuple[HotSpareTrade, ...] = ()  # TRADE_SPARES hot spares against none, at 1x and stress_factor x
 
     @property
     def cost_to_finish_usd(self) -> float:
@@ -169,6 +194,8 @@ class Plan:
     mean_nodes_down: float = 0.0  # nodes being replaced at once, on average
     p_no_spare: float = 1.0  # a failure finds no spare node free
     capacity_end: datetime | None = None  # AWS begins terminating the Capacity Blocks' instances
+    host_memory_gib: float | None = None  # a GPU node's
+    host_usable_gib: float = 0.0  # less plan.host_memory_headroom
     alert_delivery: MonitoringCost | None = None  # what the alerts' path on AWS costs a month
 
     @property
@@ -289,7 +316,8 @@ def build_plan(settings: Settings, measured: Measured | None = None) -> Plan:
         data_capacity_bytes=file_systems["data"].storage_capacity_gib * GIB,
         assume=settings.goodput, spare_nodes=queue.spare_nodes, mean_nodes_down=down,
         p_no_spare=p_no_spare(down, queue.spare_nodes), capacity_end=queue.capacity_end,
-        alert_delivery=monitoring_cost(settings),
+        alert_delivery=monitoring_cost(settings), host_memory_gib=host_memory_gib(settings),
+        host_usable_gib=(host_memory_gib(settings) or 0.0) * (1 - settings.plan.host_memory_headroom),
     )
     need, capacity = plan.checkpoint_need_bytes, plan.checkpoint_capacity_bytes
     largest = max((row.checkpoint_bytes for row in rows), default=0.0)
@@ -337,12 +365,11 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                checkpoint_bytes=checkpoint_bytes(preset, vocab), checkpoints_kept=ckpt.keep + 1,
                dataset=model.dataset, token_bytes=token_bytes(vocab))
     row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
+    row["hot_spares"] = model.hot_spares
+    row["snapshot_every"] = ckpt.snapshot_every
     if gpu is None:
         return ModelRow(**row), errors, warnings
-    step = estimate_mfu(preset, train, vocab=vocab, seq_len=seq_len, gpus=gpus,
-                        gpus_per_node=settings.gpu_queue.gpus_per_instance, peak_tflops=gpu.peak_tflops,
-                        node_link_gb_s=gpu.node_link_gb_s, network_gb_s=gpu.network_gb_s,
-                        compute_mfu=settings.plan.mfu)
+    step = step_estimate(settings, model, cfg)
     row["mfu"], row["step_s"] = step.mfu, step.step_s
     mfu_ratio = measured.mfu_ratio.get(model.recipe_name) if measured else None
     if mfu_ratio:  # the acceptance run measured this layout: its MFU relative to the same estimate
@@ -351,14 +378,25 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600
     if ckpt.every_minutes:  # the trainer also saves once this long has passed since the last save
         row["checkpoint_every_h"] = min(row["checkpoint_every_h"], ckpt.every_minutes / 60)
-    good = row["goodput"] = goodput(ModelRow(**row), settings)
+    row["snapshot_interval_s"] = row["snapshot_every"] * row["step_s"]
     if train.grad_reduce != "every_micro_batch":
         warnings.append(f"{name}: the analytic memory model assumes gradients reduced every micro-batch; for "
                         f"train.grad_reduce of {where} run `python -m training.dry_run {name} --env {settings.name}`")
     run = RunShape(preset, vocab, seq_len, micro, gpus, train.parallelism, train.activation_checkpointing,
                    checkpoint_every=train.activation_checkpointing_every, tensor_parallel=train.tensor_parallel,
                    hsdp_shard_size=train.hsdp_shard_size)
-    row["memory"] = memory(run).gib()
+    per_gpu = memory(run)
+    row["memory"] = per_gpu.gib()
+    per_node = settings.gpu_queue.gpus_per_instance
+    row["snapshot_bytes_per_node"] = (per_gpu.parameters + per_gpu.optimizer) * per_node
+    row["network_gb_s_per_node"] = gpu.network_gb_s * per_node * BUS_EFFICIENCY
+    row["host_memory"] = _host_memory(row["snapshot_bytes_per_node"], bool(row["snapshot_every"]), cfg, per_node)
+    errors += _host_memory_errors(row["host_memory"], settings, model, cfg, where)
+    good = row["goodput"] = goodput(ModelRow(**row), settings)
+    factor = settings.goodput.stress_factor
+    row["stress"] = goodput(ModelRow(**row), settings, failure_factor=factor)
+    row["trades"] = tuple(hot_spare_trade(ModelRow(**row), settings, spares, scale)
+                          for spares in TRADE_SPARES for scale in (1.0, factor))
     memory_ratio = measured.memory_ratio.get(model.recipe_name) if measured else None
     if memory_ratio:
         row["memory"] = {key: value * memory_ratio for key, value in row["memory"].items()}
@@ -397,6 +435,46 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     return ModelRow(**row), errors, warnings
 
 
+def _host_memory(state_bytes: float, snapshots: bool, cfg, gpus_per_node: int) -> dict[str, float]:
+    """GiB of a node's host memory by use: its own snapshot and its buddy's (each its ranks' shards of the
+    parameters and optimizer state, as jobs/training/sizing/memory.py counts them), the previous snapshot's two
+    while a new one is written (they go only once every rank holds the new one: training/checkpoints/snapshot.py),
+    the async checkpoint's pinned staging (one copy of the same shards, allocated once), and the data loaders
+    (workers and pinned batches)."""
+    own = state_bytes if snapshots else 0.0
+    staging = state_bytes if cfg.checkpoint.async_save else 0.0
+    workers = gpus_per_node * cfg.data.num_workers
+    batch = cfg.train.micro_batch_size * cfg.data.seq_len * 8  # int64 token ids
+    loaders = workers * LOADER_WORKER_BYTES + gpus_per_node * (cfg.data.num_workers * LOADER_PREFETCH + 1) * batch
+    uses = {"own": own, "buddy": own, "previous": 2 * own, "staging": staging, "loaders": loaders}
+    return {**{key: value / GIB for key, value in uses.items()}, "total": sum(uses.values()) / GIB}
+
+
+def _host_memory_errors(need: dict[str, float], settings: Settings, model: ModelPlan, cfg, where: str) -> list[str]:
+    """A model whose snapshots, staging and loaders do not fit in its nodes' host memory: synth stops."""
+    total_gib = host_memory_gib(settings)
+    if total_gib is None or not need:
+        return []
+    usable = total_gib * (1 - settings.plan.host_memory_headroom)
+    if need["total"] <= usable:
+        return []
+    fixes = ["give it more nodes (each node's shards shrink)"]
+    if cfg.train.parallelism == "ddp":
+        fixes.insert(0, "use train.parallelism: fsdp (DDP keeps the whole state on every rank)")
+    if need["own"]:
+        fixes.append(f"set {SNAPSHOT_KEY}: 0 in its overrides (no snapshots: every failure requeues the job)")
+    if need["staging"]:
+        fixes.append("set checkpoint.async_save: false in its overrides (no pinned copy; saves then block training)")
+    if cfg.data.num_workers > 1:
+        fixes.append(f"lower data.num_workers (now {cfg.data.num_workers})")
+    return [f"{model.name}: host memory per node: its snapshot {need['own']:.0f} GiB + its buddy's {need['buddy']:.0f} GiB "
+            f"+ the previous two while a snapshot is written {need['previous']:.0f} GiB "
+            f"+ pinned staging {need['staging']:.0f} GiB + data loaders {need['loaders']:.0f} GiB = {need['total']:.0f} GiB, "
+            f"more than the {usable:.0f} GiB usable of a {settings.gpu_queue.instance_type}'s {total_gib:,.0f} GiB (less "
+            f"plan.host_memory_headroom {settings.plan.host_memory_headroom:.0%}); in {where}: "
+            + ", or ".join(fixes)]
+
+
 def _goodput_warnings(good: Goodput, steps: int, where: str, settings: Settings) -> list[str]:
     """A model losing too much to failures; a model likely still training when its Capacity Blocks end."""
     warnings, assume = [], settings.goodput
@@ -404,9 +482,10 @@ def _goodput_warnings(good: Goodput, steps: int, where: str, settings: Settings)
         warnings.append(
             f"{good.name}: ETTR {good.ettr:.1%} is below goodput.min_ettr {assume.min_ettr:.0%}: "
             f"{good.expected_failures:.1f} expected failures cost {good.lost_per_failure_s / 3600:.2f} h each "
-            f"({good.recovery_s / 60:.0f} min to recover, {good.rework_s / 3600:.2f} h of rework, "
-            f"{good.replacement_wait_s / 60:.0f} min waiting for a replacement node); save more often "
-            f"(checkpoint.every_minutes in the overrides of {where}) or keep gpu_queue.spare_nodes")
+            f"(requeued: {good.recovery_s / 60:.0f} min to recover, {good.rework_s / 3600:.2f} h of rework, "
+            f"{good.replacement_wait_s / 60:.0f} min waiting for a replacement node; {1 - good.p_no_hot_spare:.0%} "
+            f"recovered inside the job in {good.in_job_lost_s / 60:.1f} min); give it hot_spares in {where}, save "
+            f"more often (checkpoint.every_minutes in its overrides) or keep gpu_queue.spare_nodes")
     start, end = assume.training_start, settings.gpu_queue.capacity_end
     if start is None or end is None:
         return warnings
@@ -453,7 +532,7 @@ def spares_alternative(settings: Settings, spares: int) -> Settings:
                             f"for {queue.instance_type}")
     usable_gib = gpu.memory_gib * (1 - settings.plan.memory_headroom)
     models = list(settings.models)
-    for _ in range(sum(m.nodes for m in models) + spares - queue.max_count):
+    for _ in range(sum(m.nodes + m.hot_spares for m in models) + spares - queue.max_count):
         options = []
         for index, model in enumerate(models):
             shrunk = _one_node_fewer(settings, model)
@@ -597,19 +676,31 @@ def _format_goodput(plan: Plan) -> list[str]:
     if not plan.goodputs:
         return []
     a = plan.assume
-    lines = [f"  goodput (cluster_config/goodput.py): {a.failures_per_1000_node_days:g} failures per 1,000 node-days, "
-             f"{a.recovery_s:.0f} s to detect, requeue and restart, {a.node_replacement_min:g} min to replace a node;",
-             f"  {plan.spare_nodes} spare node{'s' if plan.spare_nodes != 1 else ''}: a failure finds none free "
-             f"{_percent(plan.p_no_spare)} of the time ({plan.mean_nodes_down:.3f} nodes down at once on average); "
-             "days and $ with the expected failures:",
-             f"  {'model':<8} {'fails':>5} {'ckpt h':>6} {'Young h':>7} {'h/fail':>6} {'ETTR':>7} {'days':>5} "
-             f"{'p95 d':>5} {'lost GPU-h':>10} {'lost $':>8}"]
-    for g in plan.goodputs:
-        lines.append(f"  {g.name:<8} {g.expected_failures:>5.2f} {g.checkpoint_interval_s / 3600:>6.1f} "
-                     f"{g.young_interval_s / 3600:>7.1f} {g.lost_per_failure_s / 3600:>6.2f} {g.ettr:>7.2%} "
+    lines = _format_snapshots(plan)
+    lines += [f"  goodput (cluster_config/goodput.py): {a.failures_per_1000_node_days:g} failures per 1,000 node-days. "
+              f"A failure with a hot spare free is recovered inside the job from the snapshots: {a.detection_s:.0f} s "
+              f"to detect, {a.relaunch_s:.0f} s to relaunch and start, the buddy copy's transfer, half a snapshot "
+              "interval redone (job min); else the job requeues: "
+              f"{a.recovery_s:.0f} s to detect, requeue and restart, the work since the last checkpoint, "
+              f"{a.node_replacement_min:g} min to replace a node (requeue min);",
+              f"  {plan.spare_nodes} spare node{'s' if plan.spare_nodes != 1 else ''}: a requeue finds none free "
+              f"{_percent(plan.p_no_spare)} of the time ({plan.mean_nodes_down:.3f} nodes down at once on average); "
+              "days and $ with the expected failures:",
+              f"  {'model':<8} {'hot':>3} {'fails':>5} {'ckpt h':>6} {'Young h':>7} {'job min':>7} {'requeue min':>11} "
+              f"{'min/fail':>8} {'ETTR':>7} {'days':>5} {'p95 d':>5} {'lost GPU-h':>10} {'lost $':>8}"]
+    for r in plan.rows:
+        g = r.goodput
+        if g is None:
+            continue
+        job = f"{g.in_job_lost_s / 60:>7.1f}" if g.snapshot_interval_s else f"{'-':>7}"
+        lines.append(f"  {g.name:<8} {g.hot_spares:>3} {g.expected_failures:>5.2f} {g.checkpoint_interval_s / 3600:>6.1f} "
+                     f"{g.young_interval_s / 3600:>7.1f} {job} {g.requeue_lost_s / 60:>11.1f} "
+                     f"{g.lost_per_failure_s / 60:>8.1f} {g.ettr:>7.2%} "
                      f"{g.days:>5.1f} {g.days_p95:>5.1f} {g.lost_gpu_hours:>10,.0f} {g.lost_usd:>8,.0f}")
-    lines.append(f"  {'total':<8} {plan.expected_failures:>5.2f} {'':>6} {'':>7} {'':>6} {plan.ettr:>7.2%} "
-                 f"{plan.goodput_days:>5.1f} {'':>5} {plan.lost_gpu_hours:>10,.0f} {plan.lost_usd:>8,.0f}")
+    lines.append(f"  {'total':<8} {'':>3} {plan.expected_failures:>5.2f} {'':>6} {'':>7} {'':>7} {'':>11} {'':>8} "
+                 f"{plan.ettr:>7.2%} {plan.goodput_days:>5.1f} {'':>5} {plan.lost_gpu_hours:>10,.0f} {plan.lost_usd:>8,.0f}")
+    lines += _format_stress(plan)
+    lines += _format_hot_spares(plan)
     slow = [row.stragglers for row in plan.rows if row.stragglers]
     if slow:
         lines += [f"  stragglers (slow, not failed): {a.stragglers_per_1000_node_days:g} per 1,000 node-days, each making "
@@ -627,9 +718,91 @@ def _format_goodput(plan: Plan) -> list[str]:
         lines.append(f"  training starts {_utc(start)}; AWS begins terminating the Capacity Blocks at {_utc(end)}, "
                      f"{(end - start) / timedelta(days=1):.2f} days later; the last 95th-percentile finish "
                      f"({late.name}, {late.days_p95:.2f} days) leaves {margin * 24:.1f} h")
+        stressed = [row.stress for row in plan.rows if row.stress]
+        if stressed:
+            late = max(stressed, key=lambda g: g.days_p95)
+            margin = (end - start) / timedelta(days=1) - late.days_p95
+            verdict = f"leaves {margin * 24:.1f} h" if margin >= 0 else f"is {-margin * 24:.1f} h after it"
+            lines.append(f"  at {a.stress_factor:g}x the failure rate the last 95th-percentile finish ({late.name}, "
+                         f"{late.days_p95:.2f} days) {verdict}")
     elif plan.capacity_blocks:
         lines.append("  finishes not checked against the Capacity Blocks' end: set gpu_queue.capacity_reservations[].end "
                      "and goodput.training_start")
+    return lines
+
+
+def _format_snapshots(plan: Plan) -> list[str]:
+    """Each model's snapshot interval and its nodes' host memory."""
+    rows = [r for r in plan.rows if r.host_memory]
+    if not rows:
+        return []
+    a = plan.assume
+    total = (f"usable {plan.host_usable_gib:,.0f} of {plan.host_memory_gib:,.0f}" if plan.host_memory_gib
+             else "no host memory figure for the instance type: set plan.host_memory_gib to check it")
+    lines = [f"  snapshots in node memory, each with a copy on a buddy node (checkpoint.snapshot_every: at most "
+             f"goodput.snapshot_minutes {a.snapshot_minutes:g} of training apart), and host memory per node, GiB, {total}:",
+             f"  {'model':<8} {'every':>5} {'min':>4} {'own':>6} {'buddy':>6} {'previous':>8} {'staging':>7} {'loaders':>7} "
+             f"{'total':>6}"]
+    for r in rows:
+        m = r.host_memory
+        lines.append(f"  {r.name:<8} {r.snapshot_every:>5} {r.snapshot_interval_s / 60:>4.1f} {m['own']:>6.1f} "
+                     f"{m['buddy']:>6.1f} {m['previous']:>8.1f} {m['staging']:>7.1f} {m['loaders']:>7.1f} {m['total']:>6.1f}")
+    return lines
+
+
+def _hours_left(plan: Plan, good: Goodput) -> str:
+    """Hours between ``good``'s 95th-percentile finish and the Capacity Blocks' end (negative: after it)."""
+    start, end = plan.assume.training_start, plan.capacity_end
+    if not (start and end):
+        return "-"
+    return f"{((end - start) / timedelta(days=1) - good.days_p95) * 24:.1f}"
+
+
+def _format_stress(plan: Plan) -> list[str]:
+    """Minutes lost per failure, ETTR and the 95th-percentile finish at 1x and stress_factor x the failure rate."""
+    rows = [r for r in plan.rows if r.goodput and r.stress]
+    if not rows:
+        return []
+    factor = plan.assume.stress_factor
+    half = f"{'min/fail':>8} {'ETTR':>7} {'p95 d':>5} {'left h':>6}"
+    lines = [f"  at 1x and {factor:g}x the failure rate (goodput.stress_factor): minutes lost per failure, ETTR, the "
+             "95th-percentile finish and the hours it leaves before the Capacity Blocks end:",
+             f"  {'':<8} {'1x':>29} | {f'{factor:g}x':>29}",
+             f"  {'model':<8} {half} | {half}"]
+    for r in rows:
+        cells = [f"{g.lost_per_failure_s / 60:>8.1f} {g.ettr:>7.2%} {g.days_p95:>5.1f} {_hours_left(plan, g):>6}"
+                 for g in (r.goodput, r.stress)]
+        lines.append(f"  {r.name:<8} {cells[0]} | {cells[1]}")
+    return lines
+
+
+def _format_hot_spares(plan: Plan) -> list[str]:
+    """The trade of 1 to 3 hot spares per model: GPU-hours idle against GPU-hours saved, at 1x and stress_factor x."""
+    rows = [r for r in plan.rows if r.trades and r.snapshot_every]
+    if not rows:
+        return []
+    factor = f"{plan.assume.stress_factor:g}x"
+
+    def cells(values: list[str]) -> str:
+        return " ".join(f"{v:>6}" for v in values)
+
+    width = len(cells([""] * len(TRADE_SPARES)))
+    counts = "/".join(map(str, TRADE_SPARES))
+    lines = [f"  hot spares (models.<m>.hot_spares), {counts} of them against none: minutes lost per failure, the GPU-hours "
+             f"of failures they save and the hours the 95th-percentile finish leaves before the blocks end at 1x and "
+             f"{factor} the failure rate, the GPU-hours they keep idle (held the whole run); they pay where saved > idle:",
+             f"  {'model':<8} {'min/fail 1x':>{width}} | {f'min/fail {factor}':>{width}} | {f'saved 1x':>{width}} | "
+             f"{f'saved {factor}':>{width}} | {f'left h {factor}':>{width}} | {'idle':>{width}}  pays"]
+    for r in rows:
+        one = [t for t in r.trades if t.failure_factor == 1.0]
+        stressed = [t for t in r.trades if t.failure_factor != 1.0] or one
+        pays = [f"{t.spares} at {label}" for label, trades in (("1x", one), (factor, stressed)) for t in trades if t.pays]
+        lines.append(
+            f"  {r.name:<8} {cells([f'{t.with_spares.lost_per_failure_s / 60:.1f}' for t in one])} | "
+            f"{cells([f'{t.with_spares.lost_per_failure_s / 60:.1f}' for t in stressed])} | "
+            f"{cells([f'{t.saved_gpu_hours:,.0f}' for t in one])} | {cells([f'{t.saved_gpu_hours:,.0f}' for t in stressed])} | "
+            f"{cells([_hours_left(plan, t.with_spares) for t in stressed])} | "
+            f"{cells([f'{t.idle_gpu_hours:,.0f}' for t in one])}  {', '.join(pays) or 'no'}")
     return lines
 
 

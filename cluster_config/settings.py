@@ -553,6 +553,12 @@ class ModelPlan(_Strict):
     # Further training-config keys for this model, e.g. {train.micro_batch_size: 4}; never one the entry
     # sets itself (ENTRY_KEYS) nor the model's identity (its folders: training.config.IDENTITY_KEYS).
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # Nodes held in the model's allocation beyond ``nodes``, idle until a training node fails: the job
+    # relaunches the step at once with a hot spare in the failed node's place, which loads the lost
+    # node's shards from their buddy copy (recovery inside the job: cluster_config/goodput.py). They count
+    # against gpu_queue.max_count like training nodes. `python -m cluster_config plan` shows, per model, the
+    # GPU-hours a hot spare keeps idle against those it saves, at 1x and goodput.stress_factor x the failures.
+    hot_spares: int = Field(0, ge=0, le=MAX_NODES)
 
     @field_validator("name")
     @classmethod
@@ -622,6 +628,12 @@ class PlanSettings(_Strict):
     memory_headroom: float = Field(0.10, ge=0, lt=1)
     gpu_memory_gib: Optional[float] = Field(None, gt=0, le=1024)  # default: from gpu_queue.instance_type
     gpu_peak_tflops: Optional[float] = Field(None, gt=0, le=10000)  # dense bf16; default: from the instance type
+    # A node's host memory, GiB; default: from gpu_queue.instance_type (cluster_config/hardware.py). The
+    # in-memory snapshots (its own and its buddy's) must fit beside the data loaders and pinned staging.
+    host_memory_gib: Optional[float] = Field(None, gt=0, le=65536)
+    # Share of host memory held back for the OS, the training processes themselves (Python, CUDA and NCCL
+    # host state) and the page cache.
+    host_memory_headroom: float = Field(0.10, ge=0, lt=1)
 
 
 class GoodputSettings(_Strict):
@@ -639,6 +651,27 @@ class GoodputSettings(_Strict):
     # An assumption: the recovery benchmark measured 28 s on the local cluster, with a tiny model
     # and an 8 s watchdog (docs/training.md, Benchmarks), a floor rather than a production figure.
     recovery_s: float = Field(600, ge=0, le=86400)
+    # Recovery inside the job (a hot spare free in the model's allocation, snapshots on): the step is
+    # relaunched in the same allocation, survivors load their own snapshot from node memory and the hot
+    # spare the lost node's shards from their buddy copy over EFA (cluster_config/hardware.py), then redo
+    # the steps since the last snapshot (half an interval on average). Placeholders until measured on the
+    # local cluster (issue 45): detection, from the failure to every rank knowing of it (a dead process
+    # or node ends the job step, not train.timeout_s's collective timeout):
+    detection_s: float = Field(30, ge=0, le=86400)
+    # ... and the relaunch and start-up: the new job step's processes, imports, rendezvous and NCCL's
+    # communicators, up to the snapshot's load (its transfer is counted apart, from the bytes).
+    relaunch_s: float = Field(60, ge=0, le=86400)
+    # At most this much training between two in-memory snapshots: each model's checkpoint.snapshot_every
+    # is the most steps that fit in it at the plan's estimated step time (cluster_config/model_configs.py).
+    snapshot_minutes: float = Field(5, gt=0, le=24 * 60)
+    # How long a used hot spare stays out of the allocation: Slurm cannot add a node to a running job, so
+    # the failed node's replacement joins the model's next job, after the time limit (the jobs' --time,
+    # 24 h: cluster_config/model_jobs.py TIME_LIMIT) or a requeue. An assumption of the job script's design.
+    hot_spare_refill_h: float = Field(24, gt=0, le=24 * 365)
+    # The plan shows every model at goodput.failures_per_1000_node_days and at this many times it:
+    # 6: issue 45, from the all-cause failure rate measured on Meta's research clusters, which at our size gives
+    # about six times as many failures as the rate above.
+    stress_factor: float = Field(6, ge=1, le=1000)
     # A failed node's replacement, waited for when no spare node is free: clustermgtd finds the
     # DOWN/DRAINED static node within its 60 s loop and terminates it, the Capacity Block frees the
     # slot after several minutes of clean-up, and the new instance boots and runs the compute
@@ -841,11 +874,14 @@ class Settings(_Strict):
                 f"{', '.join(sorted(GRAFANA_REGIONS))}); set it to false and use a Grafana of your own with SigV4 to "
                 "the Prometheus workspace, or python -m training.status (docs/monitoring.md)")
         planned, spares = sum(model.nodes for model in self.models), self.gpu_queue.spare_nodes
-        if planned + spares > self.gpu_queue.max_count:
+        hot = sum(model.hot_spares for model in self.models)
+        if planned + hot + spares > self.gpu_queue.max_count:
             kept = f" and gpu_queue.spare_nodes keeps {spares} out of every share" if spares else ""
+            held = f" and {hot} hot spares (models' hot_spares)" if hot else ""
+            fewer = (", lower spare_nodes" if spares else "") + (", lower some models' hot_spares" if hot else "")
             raise ValueError(
-                f"models: the plan needs {planned} nodes{kept} but gpu_queue.max_count is {self.gpu_queue.max_count}; "
-                f"give fewer nodes to some models{', lower spare_nodes' if spares else ''} or raise max_count"
+                f"models: the plan needs {planned} nodes{held}{kept} but gpu_queue.max_count is "
+                f"{self.gpu_queue.max_count}; give fewer nodes to some models{fewer} or raise max_count"
             )
         if not self._holds_examples():
             self._check_dates_ahead((info.context or {}).get("now") or datetime.now(timezone.utc))

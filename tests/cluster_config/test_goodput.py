@@ -180,7 +180,7 @@ def test_prod_plan_shows_goodput_and_fits_before_the_blocks_end():
     out = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod"],
                          capture_output=True, text=True, check=True).stdout
     assert "goodput (cluster_config/goodput.py): 3.8 failures per 1,000 node-days" in out
-    assert "0 spare nodes: a failure finds none free 100% of the time" in out
+    assert "0 spare nodes: a requeue finds none free 100% of the time" in out
     assert "AWS begins terminating the Capacity Blocks at 2027-01-18 11:00 UTC" in out
 
 
