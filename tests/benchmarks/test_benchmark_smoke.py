@@ -136,6 +136,22 @@ def test_replica_check_benchmark(tmp_path):
         assert row["check_s"] == pytest.approx(row["rank_bytes"] / (result["check_gb_per_s"] * 1e9))
 
 
+def test_snapshot_benchmark(tmp_path):
+    """A snapshot's cost, measured here on a small model, then each prod model's from the plan's figures."""
+    proc, result = run([sys.executable, "-m", "benchmarks.snapshot", "--hidden", "128", "--layers", "1", "--snapshots", "2"],
+                       tmp_path / "snapshot.json", timeout=300)
+    assert proc.returncode == (0 if result["meets_target"] else 1), proc.stderr[-4000:]
+    here = result["measured"]
+    assert positive(here["step_s"], here["blocked_median_s"], here["background_median_s"], here["copy_gb_per_s"],
+                    here["write_gb_per_s"])
+    assert here["write_gb_per_s"] == pytest.approx(here["state_bytes"] / here["background_median_s"] / 1e9, rel=0.01)
+    assert [m["model"] for m in result["models"]] == [f"model{i}" for i in range(1, 8)]
+    for row in result["models"]:
+        assert row["snapshot_every"] > 0  # the plan gives every prod model snapshots
+        assert row["fraction_of_interval"] == pytest.approx(row["blocked_s"] / row["interval_s"], rel=0.01)
+    assert "| model7 |" in proc.stdout
+
+
 def test_hf_import_benchmark(tmp_path):
     """Bytes per rank of a released checkpoint's import: measured on 4 gloo ranks = computed from the
     placements; prod's models in their layouts, their import time the bytes read over the throughput."""
