@@ -15,9 +15,15 @@
                            deploy it into an emulated account and run ParallelCluster's validators and
                            update checks (cluster_config/emulated; --schema-only skips that)
   fsx-expected --env prod  print FSX_EXPECTED_MB_S for jobs/fsx_perf.sh (provisioned MB/s per mount)
+  capacity --env prod --start-after DATE --start-before DATE [--days N] [--buy ID... [--confirm-total-usd USD]
+           [--write]] | --status  [--endpoint-url URL]
+                           day zero: Capacity Block offerings that fit the settings (price, zone, dates); --buy
+                           prints the total and buys only with --confirm-total-usd echoing it; then the settings'
+                           edit (--write makes it); --status: each block's state and start (cluster_config/capacity.py)
   deploy-check --env prod [--endpoint-url URL]
                            before cdk deploy (make deploy runs it): the credentials' account must be
-                           account:, and no shipped example value left (account, Capacity Block ids, e-mail)
+                           account:, no shipped example value left (account, Capacity Block ids, e-mail), and
+                           day zero: quotas, the blocks in availability_zone, dates ahead and consistent
   teardown-check --env prod [--endpoint-url URL]
                            before cdk destroy (make destroy runs it): the ParallelCluster cluster must be
                            deleted and the accounting database unprotected; each problem with its command
@@ -78,6 +84,16 @@ def main(argv: list[str] | None = None) -> int:
                                                       "example values left)")
     deploy.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
     deploy.add_argument("--endpoint-url", help="another AWS API endpoint (the tests' emulated account)")
+    capacity = commands.add_parser("capacity", help="find, buy and watch the Capacity Blocks (day zero)")
+    capacity.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
+    capacity.add_argument("--start-after", metavar="DATE", help="earliest start, YYYY-MM-DD (UTC)")
+    capacity.add_argument("--start-before", metavar="DATE", help="latest start, YYYY-MM-DD (UTC)")
+    capacity.add_argument("--days", type=int, help="the blocks' length (default: plan.deadline_days)")
+    capacity.add_argument("--buy", nargs="+", metavar="OFFERING_ID", help="one listed line's offerings, one per block")
+    capacity.add_argument("--confirm-total-usd", metavar="USD", help="the total upfront price --buy printed: buys")
+    capacity.add_argument("--write", action="store_true", help="make the settings' edit in cluster_config/<env>.yaml")
+    capacity.add_argument("--status", action="store_true", help="each block of the settings: state, zone, start, end")
+    capacity.add_argument("--endpoint-url", help="another AWS API endpoint (the tests' emulated account)")
     teardown = commands.add_parser("teardown-check", help="may cdk destroy go ahead? (the cluster gone, the database "
                                                           "unprotected)")
     teardown.add_argument("--env", required=True, help=f"one of: {', '.join(available_environments())}")
@@ -130,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             from cluster_config import deploy_check  # boto3: only these commands talk to AWS
 
             return deploy_check.main(load_settings(args.env), args.endpoint_url)
+        elif args.command == "capacity":
+            return _capacity(args)
         elif args.command == "teardown-check":
             from cluster_config import teardown  # boto3: only this command talks to AWS
 
@@ -153,6 +171,47 @@ def main(argv: list[str] | None = None) -> int:
             return failed
     except (SettingsError, RenderError, SchemaNotInstalled, PclusterNotInstalled, AlertDefinitionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _capacity(args) -> int:
+    import botocore.exceptions
+
+    from cluster_config import capacity  # boto3: talks to AWS
+
+    settings = load_settings(args.env)
+    try:
+        if args.status:
+            print(capacity.format_status(capacity.status(settings, args.endpoint_url)))
+            return 0
+        if not (args.start_after and args.start_before):
+            raise capacity.CapacityError("--start-after and --start-before are required to find offerings (or --status "
+                                         "for the blocks in the settings); e.g. --start-after 2027-01-04 --start-before "
+                                         "2027-01-11")
+        found = capacity.find(settings, args.start_after, args.start_before, args.days, args.endpoint_url)
+        if not args.buy:
+            print(capacity.format_offerings(settings, found, args.start_after, args.start_before, args.days))
+            return 0
+        picks = capacity.chosen(found, args.buy, settings)
+        for offering in picks:
+            print(f"  {offering.id}: {offering.count} x {settings.gpu_queue.instance_type} in {offering.zone}, "
+                  f"{offering.start:%Y-%m-%d %H:%M} to {offering.end:%Y-%m-%d %H:%M} UTC, USD {offering.fee:,.2f}")
+        bought = capacity.purchase(settings, picks, args.confirm_total_usd, args.endpoint_url)
+        print(f"bought {len(bought)} Capacity Block(s), USD {capacity.total_usd(picks):,.2f}:")
+        print(capacity.format_status(bought))
+        edit = capacity.settings_edit(settings, bought)
+        if args.write:
+            print(f"wrote {capacity.write_edit(settings, edit)}: {', '.join(edit)}")
+        else:
+            print(capacity.format_edit(settings, edit))
+        print(f"next: python -m cluster_config deploy-check --env {args.env}")
+    except capacity.CapacityError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1 if str(exc).startswith("not bought") else 2
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        print(f"error: EC2 refused or could not be reached ({type(exc).__name__}: {exc}) — run it with the "
+              "credentials you deploy with, in the settings' region", file=sys.stderr)
         return 2
     return 0
 

@@ -715,6 +715,10 @@ class AlertsSettings(_Strict):
     # (`python -m cluster_config dashboard --env <name>` puts the repository's dashboard in it). Off by
     # default: it signs people in through IAM Identity Center, which must be enabled first.
     grafana: bool = False
+    # A guard on spend: an AWS Budgets cost budget at the plan's expected cost (`plan`: the models' $ to finish),
+    # a month's actual or forecast spend above it published to the alert topic (stacks/alerts_stack.py). Off by
+    # default: Budgets bills each budget beyond the free ones of an account.
+    budget: bool = False
 
     @field_validator("email")
     @classmethod

@@ -12,7 +12,9 @@
 - the workspace logs alert manager and ruler errors (a refused publish, a rule that fails) to CloudWatch;
 - with ``alerts.grafana``, an Amazon Managed Grafana workspace that people reach in a browser (IAM Identity
   Center sign-in), whose role may only query this Prometheus workspace; ``python -m cluster_config
-  dashboard`` adds the data source and the repository's dashboard (cluster_config/dashboard.py).
+  dashboard`` adds the data source and the repository's dashboard (cluster_config/dashboard.py);
+- with ``alerts.budget``, an AWS Budgets cost budget at the plan's expected cost whose notifications (a
+  month's actual spend above 80 % and 100 %, the forecast above 100 %) go to the same topic.
 """
 
 from __future__ import annotations
@@ -22,17 +24,22 @@ from typing import Any, Mapping
 import aws_cdk as cdk
 import yaml
 from aws_cdk import aws_aps as aps, aws_grafana as grafana, aws_iam as iam, aws_kms as kms, aws_logs as logs
+from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from cluster_config.monitoring import RETENTION_DAYS, head_node_policy
+from cluster_config.plan import build_plan
 from cluster_config.render import PCLUSTER_POLICY_PATH
-from cluster_config.settings import Settings
+from cluster_config.settings import Settings, SettingsError
 from stacks import nag
 
 APS_PRINCIPAL = "aps.amazonaws.com"
 GRAFANA_PRINCIPAL = "grafana.amazonaws.com"
+BUDGETS_PRINCIPAL = "budgets.amazonaws.com"
+# A month's spend (actual, then forecast) above this share of the plan's expected cost is published.
+BUDGET_THRESHOLDS = (("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100))
 GRAFANA_VERSION = "10.4"
 # What a Grafana data source needs to read a Prometheus workspace (AmazonPrometheusQueryAccess's actions,
 # here on this workspace only).
@@ -147,11 +154,58 @@ class AlertsStack(cdk.Stack):
         nag.acknowledge_monitoring_policy(self.head_node_policy)
 
         self.grafana = self._grafana_workspace(name) if settings.alerts.grafana else None
+        self.budget = self._budget(name, build_plan(settings).cost_to_finish_usd) if settings.alerts.budget else None
 
         cdk.CfnOutput(self, "AlertTopicArn", value=self.topic.topic_arn, description="Alerts are published here")
         cdk.CfnOutput(self, "WorkspaceId", value=self.workspace.attr_workspace_id)
         cdk.CfnOutput(self, "RemoteWriteUrl", value=self.remote_write_url)
 
+
+    def _budget(self, name: str, expected_usd: float) -> budgets.CfnBudget:
+        """alerts.budget: a monthly cost budget at the plan's expected cost, notifying the alert topic.
+
+        A month above the whole run's expected cost is wrong whatever the cause (a second block bought, nodes
+        left running after the run, an on-demand queue that never scales down). Budgets publishes to an
+        encrypted topic only with the key's grant (AWS Cost Management user guide, "Creating an Amazon SNS
+        topic for budget notifications")."""
+        if round(expected_usd) < 1:  # Budgets takes no limit of $0
+            raise SettingsError(
+                f"alerts.budget: the plan's expected cost is ${expected_usd:.2f} (`python -m cluster_config plan` "
+                "shows each model's $ to finish), below a budget's smallest limit of $1; set alerts.budget: false")
+        self.key.add_to_resource_policy(iam.PolicyStatement(
+            sid="BudgetsPublishesToTheEncryptedTopic",
+            principals=[iam.ServicePrincipal(BUDGETS_PRINCIPAL)],
+            actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+            resources=["*"],
+            conditions={"StringEquals": {"aws:SourceAccount": self.account}},
+        ))
+        self.topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="BudgetsPublishesSpend",
+            principals=[iam.ServicePrincipal(BUDGETS_PRINCIPAL)],
+            actions=["sns:Publish"],
+            resources=[self.topic.topic_arn],
+            conditions={"StringEquals": {"aws:SourceAccount": self.account},
+                        "ArnLike": {"aws:SourceArn": f"arn:{self.partition}:budgets::{self.account}:*"}},
+        ))
+        budget = budgets.CfnBudget(
+            self, "SpendBudget",
+            budget=budgets.CfnBudget.BudgetDataProperty(
+                budget_name=f"{name}-expected-cost", budget_type="COST", time_unit="MONTHLY",
+                budget_limit=budgets.CfnBudget.SpendProperty(amount=round(expected_usd), unit="USD"),
+            ),
+            notifications_with_subscribers=[
+                budgets.CfnBudget.NotificationWithSubscribersProperty(
+                    notification=budgets.CfnBudget.NotificationProperty(
+                        notification_type=kind, comparison_operator="GREATER_THAN", threshold=percent,
+                        threshold_type="PERCENTAGE"),
+                    subscribers=[budgets.CfnBudget.SubscriberProperty(subscription_type="SNS",
+                                                                      address=self.topic.topic_arn)],
+                ) for kind, percent in BUDGET_THRESHOLDS
+            ],
+        )
+        cdk.CfnOutput(self, "BudgetUsd", value=str(round(expected_usd)),
+                      description="AWS Budgets: a month's spend above this (the plan's expected cost) is alerted")
+        return budget
 
     def _grafana_workspace(self, name: str) -> grafana.CfnWorkspace:
         """A Grafana in the browser, signed in through IAM Identity Center; it reads this Prometheus workspace only."""

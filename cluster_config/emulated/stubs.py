@@ -40,6 +40,23 @@ MOTO_GAPS = {
         "moto leaves the ENIs and cannot delete those resource types with their stack, so the network stack's "
         "VPC could never be deleted; with them `cdk destroy` then `cdk deploy` (storage.keep_buckets) is "
         "emulated end to end (tests/deploy/test_come_back.py)",
+    "EC2 DescribeCapacityBlockOfferings, PurchaseCapacityBlock and DescribeCapacityReservations":
+        "moto implements none of them; the emulated account offers blocks of any instance type and count up to 64 "
+        "in every zone of the region, starting 11:30 UTC on each of the first 7 days of the asked window, at "
+        "EMULATED_BLOCK_PRICE_USD an instance-hour; a purchase makes a capacity-block reservation, 'scheduled' "
+        "until its start. Requests are parsed and answers serialized by botocore's EC2 model (moto's own "
+        "machinery), so a parameter the API lacks fails as it would against AWS (tests/deploy/test_day_zero.py)",
+    "Service Quotas GetServiceQuota and ListServiceQuotas for ec2 and fsx":
+        "moto knows only vpc's default quotas; the emulated account answers EMULATED_QUOTAS, or the JSON "
+        "{\"service/code-or-name\": value} in MOTO_SERVICE_QUOTAS (a test's shortfall)",
+}
+# What the emulated account charges for a Capacity Block, per instance-hour (p5e.48xlarge's order of magnitude).
+EMULATED_BLOCK_PRICE_USD = 34.608
+# Quotas of the emulated account (MOTO_SERVICE_QUOTAS overrides): service -> (code, name, value, unit).
+EMULATED_QUOTAS = {
+    "ec2": [("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", 512.0, "None")],
+    "fsx": [("L-EMULATED1", "Lustre Persistent_2 storage capacity", 102400.0, "None"),
+            ("L-EMULATED2", "Lustre Persistent_1 storage capacity", 102400.0, "None")],
 }
 PCLUSTER_STUBS = {
     "Ec2Client.get_official_image_id -> an x86_64 Amazon Linux image registered in moto":
@@ -108,6 +125,8 @@ def patch_moto() -> None:
         return result
 
     fsx_models.FSxBackend.delete_file_system = delete_file_system
+    _teach_capacity_blocks()
+    _teach_service_quotas()
     from moto.ec2.models.internet_gateways import InternetGateway
     from moto.ec2.models.nat_gateways import NatGateway
     from moto.ec2.models.route_tables import RouteTable
@@ -135,6 +154,124 @@ def patch_moto() -> None:
     VPCEndPoint.delete = delete_vpc_endpoint
     RouteTable.delete = delete_route_table
     InternetGateway.delete = delete_internet_gateway
+
+
+def _teach_capacity_blocks() -> None:
+    """MOTO_GAPS: Capacity Block offerings, their purchase, and the reservations it makes."""
+    from datetime import datetime, timedelta, timezone
+
+    from moto.core.responses import ActionResult
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses import EC2Response
+
+    def state(backend: Any) -> dict[str, dict[str, Any]]:
+        if not hasattr(backend, "emulated_capacity_blocks"):
+            backend.emulated_capacity_blocks = {"offerings": {}, "reservations": {}}
+        return backend.emulated_capacity_blocks
+
+    def utc(value: Any) -> datetime:
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+    def describe_capacity_block_offerings(self: Any) -> ActionResult:
+        hours = int(self._get_param("CapacityDurationHours"))
+        count = int(self._get_param("InstanceCount") or 1)
+        instance_type = self._get_param("InstanceType")
+        if count > 64:
+            raise EC2ClientError("InvalidParameterValue", f"InstanceCount {count}: a Capacity Block holds at most 64 instances")
+        now = datetime.now(timezone.utc)
+        earliest = utc(self._get_param("StartDateRange") or now)
+        latest_end = utc(self._get_param("EndDateRange") or earliest + timedelta(days=56) + timedelta(hours=hours))
+        first = earliest.replace(hour=11, minute=30, second=0, microsecond=0)
+        first += timedelta(days=1) if first < earliest else timedelta()
+        offerings = []
+        for zone in sorted(z.name for z in self.ec2_backend.describe_availability_zones()):
+            for day in range(7):
+                start = first + timedelta(days=day)
+                end = start + timedelta(hours=hours)
+                if end > latest_end:
+                    break
+                key = f"{instance_type}/{count}/{zone}/{start.isoformat()}/{hours}"
+                offering = {
+                    "CapacityBlockOfferingId": "cb-" + hashlib.sha256(key.encode()).hexdigest()[:17],
+                    "InstanceType": instance_type, "AvailabilityZone": zone, "InstanceCount": count,
+                    "StartDate": start, "EndDate": end, "CapacityBlockDurationHours": hours,
+                    "UpfrontFee": f"{EMULATED_BLOCK_PRICE_USD * count * hours:.2f}", "CurrencyCode": "USD",
+                    "Tenancy": "default",
+                }
+                state(self.ec2_backend)["offerings"][offering["CapacityBlockOfferingId"]] = offering
+                offerings.append(offering)
+        return ActionResult({"CapacityBlockOfferings": offerings})
+
+    def purchase_capacity_block(self: Any) -> ActionResult:
+        blocks = state(self.ec2_backend)
+        offering_id = self._get_param("CapacityBlockOfferingId")
+        offering = blocks["offerings"].get(offering_id)
+        if offering is None:
+            raise EC2ClientError("InvalidCapacityBlockOfferingId.NotFound",
+                                 f"The Capacity Block offering ID '{offering_id}' does not exist")
+        reservation_id = "cr-" + hashlib.sha256(f"{offering_id}/{len(blocks['reservations'])}".encode()).hexdigest()[:17]
+        now = datetime.now(timezone.utc)
+        reservation = {
+            "CapacityReservationId": reservation_id, "OwnerId": self.current_account,
+            "CapacityReservationArn": f"arn:aws:ec2:{self.region}:{self.current_account}:capacity-reservation/{reservation_id}",
+            "InstanceType": offering["InstanceType"], "InstancePlatform": self._get_param("InstancePlatform"),
+            "AvailabilityZone": offering["AvailabilityZone"], "Tenancy": "default",
+            "TotalInstanceCount": offering["InstanceCount"], "AvailableInstanceCount": offering["InstanceCount"],
+            "State": "scheduled" if offering["StartDate"] > now else "active",
+            "StartDate": offering["StartDate"], "EndDate": offering["EndDate"], "EndDateType": "limited",
+            "InstanceMatchCriteria": "targeted", "CreateDate": now, "ReservationType": "capacity-block",
+        }
+        blocks["reservations"][reservation_id] = reservation
+        return ActionResult({"CapacityReservation": reservation})
+
+    def describe_capacity_reservations(self: Any) -> ActionResult:
+        known = state(self.ec2_backend)["reservations"]
+        ids = self._get_param("CapacityReservationIds") or list(known)
+        for reservation_id in ids:
+            if reservation_id not in known:
+                raise EC2ClientError("InvalidCapacityReservationId.NotFound",
+                                     f"The capacity reservation ID '{reservation_id}' does not exist")
+        return ActionResult({"CapacityReservations": [known[i] for i in ids]})
+
+    EC2Response.describe_capacity_block_offerings = describe_capacity_block_offerings
+    EC2Response.purchase_capacity_block = purchase_capacity_block
+    EC2Response.describe_capacity_reservations = describe_capacity_reservations
+
+
+def _teach_service_quotas() -> None:
+    """MOTO_GAPS: the ec2 and fsx quotas the day-zero checks read (MOTO_SERVICE_QUOTAS overrides values)."""
+    import json
+    import os
+
+    from moto.servicequotas.exceptions import NoSuchResource
+    from moto.servicequotas.responses import ServiceQuotasResponse
+
+    overrides = json.loads(os.environ.get("MOTO_SERVICE_QUOTAS") or "{}")
+
+    def quotas(service: str) -> list[dict[str, Any]]:
+        return [{"ServiceCode": service, "QuotaCode": code, "QuotaName": name, "Unit": unit, "Adjustable": True,
+                 "GlobalQuota": False,
+                 "Value": float(overrides.get(f"{service}/{code}", overrides.get(f"{service}/{name}", value)))}
+                for code, name, value, unit in EMULATED_QUOTAS.get(service, [])]
+
+    original_get = ServiceQuotasResponse.get_service_quota
+
+    def get_service_quota(self: Any) -> str:
+        params = json.loads(self.body)
+        if params.get("ServiceCode") not in EMULATED_QUOTAS:
+            return original_get(self)
+        found = [q for q in quotas(params["ServiceCode"]) if q["QuotaCode"] == params.get("QuotaCode")]
+        if not found:
+            raise NoSuchResource
+        return json.dumps({"Quota": found[0]})
+
+    def list_service_quotas(self: Any) -> str:
+        return json.dumps({"Quotas": quotas(json.loads(self.body).get("ServiceCode"))})
+
+    ServiceQuotasResponse.get_service_quota = get_service_quota
+    ServiceQuotasResponse.list_service_quotas = list_service_quotas
 
 
 def patch_pcluster(reservations: list[dict[str, Any]], placement_groups: list[dict[str, Any]], image_id: str,
