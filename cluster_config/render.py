@@ -55,11 +55,19 @@ DATA_UPLOAD_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:AbortMultipart
 # when it runs with its documented least-privilege permissions (its CLI user policy, and the provider
 # Lambda of create_cluster: true): the policy lives under this path.
 PCLUSTER_POLICY_PATH = "/parallelcluster/"
-# The backup job (jobs/backup.sh -> training.checkpoints.backup) writes new objects under its model's prefix of the
-# backup bucket and aborts its own failed multipart uploads; it reads through the read-only S3Access.
-# PutObject covers CreateMultipartUpload, UploadPart and CompleteMultipartUpload. The bucket policy
-# (stacks/storage_stack.py) refuses a write without If-None-Match, so no key is ever replaced.
-BACKUP_UPLOAD_ACTIONS = ("s3:PutObject", "s3:AbortMultipartUpload")
+# Each model's S3 writes come from a role of its own (stacks/model_roles.py), never from a node's role:
+# every job on a node could use the node's role, so a model's job could write another model's prefixes.
+# The nodes keep the instance credentials from every user but root and the cluster's user
+# (node_setup.sh), and a model's user gets its own role's credentials from a root-owned helper that
+# assumes the role of the caller's uid (node_scripts/model_credentials.sh, docs/cluster.md).
+# The roles live under this path, one folder per cluster; the nodes' roles may assume those of their cluster.
+MODEL_ROLE_PATH = "/llm-models/"
+# What a model's job writes: new objects under its own prefixes, and cleaning up its own failed multipart
+# uploads. PutObject covers CreateMultipartUpload, UploadPart and CompleteMultipartUpload. The bucket
+# policies (stacks/storage_stack.py) refuse a write without If-None-Match there, so no key is ever replaced.
+MODEL_WRITE_ACTIONS = ("s3:PutObject", "s3:AbortMultipartUpload")
+# A model's own prefix in the data bucket (its tokenized dataset, as MODEL=<name> sbatch jobs/preprocess.sh makes it).
+MODEL_DATA_PREFIX = "tokenized/{model}/"
 # Session Manager's instance-side calls (the documented minimal instance profile for Session Manager;
 # AWS's managed AWSCloud9SSMInstanceProfile holds the same five): the agent registers the instance and
 # opens the session channels. No Parameter Store, Run Command, inventory or patching, and no session
@@ -105,8 +113,8 @@ class ClusterResources:
     checkpoint_bucket: str
     assets_bucket: str
     backup_bucket: str
-    data_upload_policy_arn: str  # the managed policy of data_upload_policy(): head node and CPU queue
-    backup_upload_policy_arn: str  # the managed policy of backup_upload_policy(): CPU queue
+    data_upload_policy_arn: str  # the managed policy of data_upload_policy(): head node and CPU queue (the cluster's user)
+    model_roles_policy_arn: str  # the managed policy of model_roles_policy(): the compute queues assume the models' roles
     session_manager_policy_arn: str  # the managed policy of session_manager_policy(): every node
     monitoring_policy_arn: str  # the head node's metric agent: remote write, EC2 discovery (stacks/alerts_stack.py)
     placement_group_name: Optional[str] = None
@@ -134,7 +142,7 @@ class ClusterResources:
             assets_bucket=f"{settings.cluster_name}-assets-{settings.account}",
             backup_bucket=kept.backups or f"{settings.cluster_name}-backups-{settings.account}",
             data_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-data-upload",
-            backup_upload_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-backup-upload",
+            model_roles_policy_arn=f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-model-roles",
             session_manager_policy_arn=(
                 f"arn:aws:iam::{settings.account}:policy{PCLUSTER_POLICY_PATH}{settings.cluster_name}-session-manager"
             ),
@@ -201,9 +209,22 @@ def models_key(settings: Settings) -> str:
 
 
 def models_file(settings: Settings) -> str:
-    """The model list the nodes read, "<name> <nodes>" a line; the cluster stack ships it next to the
-    config. The head node makes each model's Slurm account and QOS from it (node_scripts/slurm_accounts.sh)."""
-    return "".join(f"{model.name} {model.nodes}\n" for model in settings.models)
+    """The model list the nodes read, "<name> <nodes> <role arn>" a line; the cluster stack ships it next to the
+    config. The head node makes each model's Slurm account and QOS from it (node_scripts/slurm_accounts.sh); every
+    node gives each model's user its role's credentials (node_scripts/model_credentials.sh)."""
+    # A model's share: the nodes it trains on and its hot spares, all in its one allocation.
+    return "".join(f"{model.name} {model.nodes + model.hot_spares} {model_role_arn(settings, model.name)}\n"
+                   for model in settings.models)
+
+
+def partition_of(region: str) -> str:
+    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+def model_role_arn(settings: Settings, model: str) -> str:
+    """The ARN of ``model``'s role (stacks/model_roles.py names it so)."""
+    return (f"arn:{partition_of(settings.region)}:iam::{settings.account}:role"
+            f"{model_role_path(settings.cluster_name)}{model_role_name(settings.cluster_name, model)}")
 
 
 def data_upload_policy(data_bucket_arn: str) -> dict[str, Any]:
@@ -219,14 +240,42 @@ def data_upload_policy(data_bucket_arn: str) -> dict[str, Any]:
     }
 
 
-def backup_upload_policy(backup_bucket_arn: str, models: list[str]) -> dict[str, Any]:
-    """The CPU queue's write access to the backup bucket: new objects under each model's prefix
-    (training.checkpoints.backup writes ``<model>/...`` only), nothing at the bucket's root or any other prefix."""
+def model_role_name(cluster_name: str, model: str) -> str:
+    """The IAM role of ``model``'s jobs (stacks/model_roles.py); the credential helper builds its ARN from it."""
+    return f"{cluster_name}-{model}"
+
+
+def model_role_path(cluster_name: str) -> str:
+    return f"{MODEL_ROLE_PATH}{cluster_name}/"
+
+
+def model_role_policy(model: str, *, data_bucket_arn: str, backup_bucket_arn: str) -> dict[str, Any]:
+    """What ``model``'s jobs may do in S3 (an IAM policy document): read the data bucket (datasets may be
+    shared), write new objects under its own dataset prefix there, and read and write new objects under
+    its own prefix of the backup bucket. Nothing at another model's prefix, no delete, no s3:*."""
+    data_prefix = MODEL_DATA_PREFIX.format(model=model)
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "WriteModelBackups", "Effect": "Allow", "Action": list(BACKUP_UPLOAD_ACTIONS),
-             "Resource": [f"{backup_bucket_arn}/{model}/*" for model in models]},
+            {"Sid": "ListData", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": data_bucket_arn},
+            {"Sid": "ReadData", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"{data_bucket_arn}/*"},
+            {"Sid": "WriteOwnDataset", "Effect": "Allow", "Action": list(MODEL_WRITE_ACTIONS),
+             "Resource": f"{data_bucket_arn}/{data_prefix}*"},
+            {"Sid": "ListOwnBackups", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": backup_bucket_arn,
+             "Condition": {"StringLike": {"s3:prefix": [f"{model}/*"]}}},
+            {"Sid": "ReadWriteOwnBackups", "Effect": "Allow", "Action": ["s3:GetObject", *MODEL_WRITE_ACTIONS],
+             "Resource": f"{backup_bucket_arn}/{model}/*"},
+        ],
+    }
+
+
+def model_roles_policy(partition: str, account: str, cluster_name: str) -> dict[str, Any]:
+    """The compute queues' right to assume the roles of this cluster's models (the credential helper, as root)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "AssumeModelRoles", "Effect": "Allow", "Action": ["sts:AssumeRole"],
+             "Resource": f"arn:{partition}:iam::{account}:role{model_role_path(cluster_name)}*"},
         ],
     }
 
@@ -332,9 +381,10 @@ def _gpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
         },
         "HealthChecks": {"Gpu": {"Enabled": True}},
         "Iam": {
-            "AdditionalIamPolicies": [_ssm_policy(resources)],
-            # Training reads and writes FSx only: the link exports checkpoints, and the backup
-            # runs as a CPU job afterwards (jobs/backup.sh).
+            # Training reads and writes FSx only: the link exports checkpoints, and the backup runs as a
+            # CPU job afterwards (jobs/backup.sh). A model's job that calls S3 here gets its model's role
+            # (model_roles_policy) like on the CPU queue, never more than the node's read-only S3Access.
+            "AdditionalIamPolicies": [_ssm_policy(resources), {"Policy": resources.model_roles_policy_arn}],
             "S3Access": [
                 {"BucketName": resources.data_bucket, "EnableWriteAccess": False},
                 {"BucketName": resources.assets_bucket, "EnableWriteAccess": False},
@@ -395,11 +445,11 @@ def _cpu_queue(settings: Settings, resources: ClusterResources) -> dict[str, Any
             "AdditionalSecurityGroups": [resources.compute_security_group_id],
         },
         "Iam": {
-            # The dataset sync writes to the data bucket (data_upload_policy), the backup job new objects
-            # under each model's prefix of the backup bucket (backup_upload_policy); neither touches the
-            # checkpoint bucket. Never EnableWriteAccess: ParallelCluster grants that as s3:*.
+            # The cluster's user's dataset sync writes to the data bucket (data_upload_policy; the node's
+            # credentials are root's and the cluster user's alone, node_setup.sh); a model's jobs write through
+            # their model's role (model_roles_policy). Never EnableWriteAccess: ParallelCluster grants that as s3:*.
             "AdditionalIamPolicies": [_ssm_policy(resources), {"Policy": resources.data_upload_policy_arn},
-                                      {"Policy": resources.backup_upload_policy_arn}],
+                                      {"Policy": resources.model_roles_policy_arn}],
             "S3Access": [
                 {"BucketName": resources.data_bucket, "EnableWriteAccess": False},
                 {"BucketName": resources.backup_bucket, "EnableWriteAccess": False},

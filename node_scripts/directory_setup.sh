@@ -261,6 +261,37 @@ install_health_hooks() {
   log "node health check installed as Slurm prolog and epilog ($slurm_etc/scripts/{prolog,epilog}.d/80_llm_node_health)"
 }
 
+install_model_credentials() {
+  # Every node: a model user's AWS credentials are its own model's role's (stacks/model_roles.py), handed out
+  # by a root-owned helper that binds the role to the caller's uid (model_credentials.sh); the node's own
+  # credentials are root's and the cluster user's alone (node_setup.sh). Any user may run the helper through
+  # sudo, without arguments; it refuses a user that is not a model of the list.
+  local scripts_uri="${1%/jobs/}/node_scripts" listed="$2" helper="${MODEL_CREDENTIALS_HELPER:-/usr/local/sbin/llm-model-credentials}"
+  local roles="${MODEL_ROLES:-/etc/llm/model-roles}" sudoers="${SUDOERS_DIR:-/etc/sudoers.d}/llm-model-credentials"
+  local name role tmp home
+  install -d -m 0755 "$(dirname "$helper")" "$(dirname "$roles")"
+  tmp=$(mktemp)
+  aws s3 cp --only-show-errors "$scripts_uri/model_credentials.sh" "$tmp"
+  install -o root -g root -m 0755 "$tmp" "$helper"
+  awk 'NF >= 3 { print $1, $3 }' <<<"$listed" >"$tmp"  # "<model> <role arn>" from "<name> <nodes> <role arn>"
+  install -o root -g root -m 0644 "$tmp" "$roles"
+  printf '# Written by directory_setup.sh: any user may ask for its own model'"'"'s credentials (no arguments).\nALL ALL=(root) NOPASSWD: %s ""\n' \
+    "$helper" >"$tmp"
+  [[ -d $(dirname "$sudoers") ]] || install -d -m 0750 "$(dirname "$sudoers")"
+  install -o root -g root -m 0440 "$tmp" "$sudoers"
+  rm -f "$tmp"
+  if [[ $NODE_TYPE == HeadNode ]]; then  # /home is the head node's, shared with every compute node
+    while read -r name _ role; do
+      [[ -n $role ]] || continue
+      home=$(getent passwd "$name" | cut -d: -f6) || continue
+      install -d -o "$name" -g "$name" -m 0700 "$home/.aws"
+      [[ -e $home/.aws/config ]] || printf '[default]\ncredential_process = sudo -n %s\n' "$helper" >"$home/.aws/config"
+      chown "$name:$name" "$home/.aws/config"
+    done <<<"$listed"
+  fi
+  log "model credentials: $helper for the roles in $roles (sudo rule $sudoers)"
+}
+
 install_accounts() {
   # Head node only: one Slurm account and QOS per model from the model list (the share Slurm
   # enforces), re-run on every update (OnNodeUpdated), so added models get theirs and removed ones
@@ -330,7 +361,7 @@ install_capacity_end() {
   [[ -z "$want" || "$got" == "$want" ]] \
     || die "the GPU queue's end at $uri has SHA-256 $got, the cluster config expects $want; redeploy the cluster stack (it uploads the file before it updates the cluster)"
   PATH="$slurm_bin:$PATH" bash "$JOBS_HOME/accounts/slurm_capacity_end.sh" --jobs-dir "$JOBS_HOME/bundle/jobs" \
-    --logs "$logs" --user "$user" "$file" "$JOBS_HOME/accounts/models" 2>&1 | tee -a "$LOG_FILE" \
+    --logs "$logs" --user "$user" --model-users "$file" "$JOBS_HOME/accounts/models" 2>&1 | tee -a "$LOG_FILE" \
     || die "the GPU capacity's end could not be reserved in Slurm (slurm_capacity_end.sh above); check that slurmctld answers"
 }
 
@@ -384,10 +415,11 @@ make_tree() {
   done
   # fsx_perf.sh's work files, <mount>/.fsx_perf/<job> (removed when it ends), on each file system, whose
   # root is root's. Laid out as what the mount holds (datasets and checkpoints wide, logs narrow), so it
-  # measures what training meets. Sticky: any user's run, each removes only its own.
-  make_dir "$data/.fsx_perf" wide root root 1777
-  make_dir "$checkpoints/.fsx_perf" wide root root 1777
-  make_dir "$logs/.fsx_perf" narrow root root 1777
+  # measures what training meets. The cluster's user's (it runs fsx_perf.sh and the acceptance run), not
+  # world-writable: no model's job can fill or squat it (each model writes only its own folders).
+  make_dir "$data/.fsx_perf" wide "$OWNER" "$GROUP" 2755
+  make_dir "$checkpoints/.fsx_perf" wide "$OWNER" "$GROUP" 2755
+  make_dir "$logs/.fsx_perf" narrow "$OWNER" "$GROUP" 2755
   # export.sh and backup.sh run as the model's user: any model writes its job's log, each removes only its own.
   for folder in export backups; do
     make_dir "$logs/$folder" narrow root root 1777
@@ -445,7 +477,7 @@ main() {
   if [[ -n "$models_uri" ]]; then
     local listed
     listed="$(fetch_models "$models_uri" "$models_sha256")" || exit 1
-    while read -r name _; do  # "<name> <nodes>" a line
+    while read -r name _; do  # "<name> <nodes> <role arn>" a line
       [[ -z "$name" ]] || models+=("$name")
     done <<<"$listed"
   fi
@@ -490,6 +522,7 @@ main() {
     [[ -z "$models_uri" ]] || timed "GPU capacity end" install_capacity_end "$jobs_uri" "$models_uri" "$capacity_end_sha256" "$listed" "$OWNER" "$logs"
   fi
   if [[ -n "$jobs_uri" && -n "$models_uri" ]]; then
+    timed "model credentials" install_model_credentials "$jobs_uri" "$listed"
     timed "monitoring agents" install_monitoring "$jobs_uri" "$models_uri" "${gpus:-0}" "$data" "$checkpoints" "$logs"
   fi
   timed "jobs venv check" check_jobs_venv

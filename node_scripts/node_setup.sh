@@ -9,6 +9,8 @@
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   NODE_ROOT   prefix for every file written (default: empty, i.e. /)
 #   LOG_DIR     where the log goes (default /var/log/parallelcluster)
+#   CFNCONFIG   ParallelCluster's node facts, for cfn_cluster_user (default $NODE_ROOT/etc/parallelcluster/cfnconfig)
+#   IPTABLES    the iptables command (default iptables; tests pass a stand-in that records its calls)
 #
 # Not here on purpose: the EFA/NCCL environment, which lives in jobs/env.sh (every job sources it,
 # so it ships and changes with the jobs); and the instance-store NVMe. ParallelCluster stripes all of a node's NVMe
@@ -20,6 +22,10 @@ set -euo pipefail
 NODE_ROOT="${NODE_ROOT:-}"
 LOG_DIR="${LOG_DIR:-/var/log/parallelcluster}"
 LOG_FILE="$LOG_DIR/llm-node-setup.log"
+CFNCONFIG="${CFNCONFIG:-$NODE_ROOT/etc/parallelcluster/cfnconfig}"
+IPTABLES="${IPTABLES:-iptables}"
+IMDS_ADDRESS=169.254.169.254
+IMDS_CHAIN=LLM_IMDS
 
 log() { printf '%s node_setup: %s\n' "$(date -u +%FT%TZ)" "$*" | tee -a "$LOG_FILE" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -78,6 +84,30 @@ enable_containers() {
   log "containers: Enroot $(enroot version) and Pyxis enabled"
 }
 
+keep_instance_credentials_from_users() {
+  # Every job on a node could otherwise fetch the node role's credentials from the instance metadata
+  # service and write wherever the role may. Only root (ParallelCluster's daemons, the model credential
+  # helper node_scripts/model_credentials.sh, which hands a model's user its own model's role) and the
+  # cluster's user (a person: the dataset sync) reach it. ParallelCluster's Imds.Secured does the same
+  # on the head node only (its cookbook's imds recipe: an iptables owner match in a chain of its own).
+  local user type
+  type=$(sed -n 's/^cfn_node_type=//p' "$CFNCONFIG" 2>/dev/null | tr -d "'\"") || true
+  if [[ $type == HeadNode ]]; then  # Imds.Secured (the cluster config) is ParallelCluster's own, stricter, rule there
+    log "instance metadata: the head node's Imds.Secured keeps it for root and ParallelCluster's daemons"
+    return
+  fi
+  user=$(sed -n 's/^cfn_cluster_user=//p' "$CFNCONFIG" 2>/dev/null | tr -d "'\"") || true
+  [[ -n $user ]] || die "no cfn_cluster_user in $CFNCONFIG: ParallelCluster writes it before OnNodeStart"
+  command -v "$IPTABLES" >/dev/null || die "$IPTABLES not found: it keeps the instance credentials from job users; install iptables in the AMI"
+  "$IPTABLES" -w -N "$IMDS_CHAIN" 2>/dev/null || "$IPTABLES" -w -F "$IMDS_CHAIN"  # a rerun rebuilds the chain
+  "$IPTABLES" -w -A "$IMDS_CHAIN" -m owner --uid-owner 0 -j ACCEPT
+  "$IPTABLES" -w -A "$IMDS_CHAIN" -m owner --uid-owner "$user" -j ACCEPT
+  "$IPTABLES" -w -A "$IMDS_CHAIN" -j REJECT
+  "$IPTABLES" -w -C OUTPUT -d "$IMDS_ADDRESS" -j "$IMDS_CHAIN" 2>/dev/null \
+    || "$IPTABLES" -w -I OUTPUT 1 -d "$IMDS_ADDRESS" -j "$IMDS_CHAIN"
+  log "instance metadata ($IMDS_ADDRESS): root and $user only"
+}
+
 main() {
   local containers=false
   while (($#)); do
@@ -90,6 +120,7 @@ main() {
   mkdir -p "$LOG_DIR"
   log "start (containers: $containers)"
   lustre_client_tuning
+  keep_instance_credentials_from_users
   if [[ "$containers" == true ]]; then
     enable_containers
   fi

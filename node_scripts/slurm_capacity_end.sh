@@ -3,7 +3,7 @@
 # the queue's nodes, and each model's backup after the last saves. The head node runs it from
 # directory_setup.sh (creation and every update); idempotent.
 #
-#   slurm_capacity_end.sh [--nodes LIST] [--jobs-dir DIR] [--logs DIR] [--user NAME] END_FILE MODELS_FILE
+#   slurm_capacity_end.sh [--nodes LIST] [--jobs-dir DIR] [--logs DIR] [--user NAME] [--model-users] END_FILE MODELS_FILE
 #
 # END_FILE (cluster_config/capacity_end.py writes it from the settings): '#' comments, and at most one
 # line "reservation=NAME partition=QUEUE start=UTC end=UTC backups=UTC" (times as 2027-01-18T10:50:00Z).
@@ -15,7 +15,9 @@
 #   running jobs on those nodes whose limit ends after start get their limit cut to end there.
 #   backups      per model of MODELS_FILE ("<name> <nodes>" a line), a pending job backup-<model>-NAME
 #                (jobs/backup.sh from --jobs-dir, its own queue: cpu) beginning at backups, run as
-#                --user (default: the invoking user), log in --logs/backups/. Moved when the time
+#                --user (default: the invoking user), or with --model-users (the head node) as each
+#                model's own user: a backup writes through its model's role, which only that user's
+#                credentials reach (model_credentials.sh). Log in --logs/backups/. Moved when the time
 #                changed; those of models no longer listed are cancelled.
 # Without a line (no Capacity Block end): the reservation capacity_end and its pending backups go.
 # A reservation's name never starts with "pcluster-": ParallelCluster deletes those it did not make.
@@ -26,11 +28,12 @@ nodes=""
 jobs_dir=/opt/llm-jobs/bundle/jobs
 logs=/fsx/logs
 user="$(id -un)"
+model_users=false
 files=()
 
 die() { echo "slurm_capacity_end: error: $*" >&2; exit 1; }
 log() { echo "slurm_capacity_end: $*"; }
-usage() { echo "usage: slurm_capacity_end.sh [--nodes LIST] [--jobs-dir DIR] [--logs DIR] [--user NAME] END_FILE MODELS_FILE" >&2; exit 2; }
+usage() { echo "usage: slurm_capacity_end.sh [--nodes LIST] [--jobs-dir DIR] [--logs DIR] [--user NAME] [--model-users] END_FILE MODELS_FILE" >&2; exit 2; }
 
 while (($#)); do
   case "$1" in
@@ -38,6 +41,7 @@ while (($#)); do
     --jobs-dir) jobs_dir="${2:?--jobs-dir needs a folder}"; shift ;;
     --logs) logs="${2:?--logs needs a folder}"; shift ;;
     --user) user="${2:?--user needs a name}"; shift ;;
+    --model-users) model_users=true ;;
     --*) usage ;;
     *) files+=("$1") ;;
   esac
@@ -149,7 +153,9 @@ for model in $(printf '%s\n' "${!listed[@]}" | sort); do
     log "backup of $model: job ${queued[$model]} begins at ${spec[backups]}"
     continue
   fi
-  id=$(JOBS_DIR="$jobs_dir" "${as_user[@]}" sbatch --parsable --begin="$at" --job-name="backup-$model-$name" \
+  submitter=("${as_user[@]}")
+  [[ $model_users != true ]] || submitter=(runuser -u "$model" --)
+  id=$(JOBS_DIR="$jobs_dir" "${submitter[@]}" sbatch --parsable --begin="$at" --job-name="backup-$model-$name" \
     --output="$logs/backups/%x_%j.out" "$jobs_dir/backup.sh" "$model")
   log "backup of $model: job ${id%%;*} begins at ${spec[backups]} (cpu queue, outside the reservation)"
 done

@@ -22,11 +22,11 @@ from cluster_config.render import (
     PCLUSTER_VERSION,
     ClusterResources,
     SlurmDatabase,
-    backup_upload_policy,
     config_key,
     data_upload_policy,
     models_file,
     models_key,
+    model_roles_policy,
     render_cluster_config,
     session_manager_policy,
 )
@@ -37,6 +37,7 @@ from cluster_config.settings import Settings
 from stacks import nag
 from stacks.alerts_stack import AlertsStack
 from stacks.database_stack import DatabaseStack
+from stacks.model_roles import ModelRoles
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
 
@@ -75,11 +76,14 @@ class ClusterStack(cdk.Stack):
             "HeadNodeDataUpload", "The head node and the CPU queue upload to and read the data bucket; they may not delete",
             data_upload_policy(storage.data_bucket.bucket_arn))
         nag.acknowledge_data_upload_policy(self.data_upload_policy)
-        # The CPU queue's backup job: new objects under each model's prefix of the backup bucket.
-        self.backup_upload_policy = self._cluster_policy(
-            "BackupUpload", "The CPU queue writes new backup objects under each model's prefix; no delete, no overwrite",
-            backup_upload_policy(storage.backup_bucket.bucket_arn, [model.name for model in settings.models]))
-        nag.acknowledge_backup_upload_policy(self.backup_upload_policy)
+        # A model's jobs write S3 through a role of its model's, which the compute nodes' root assumes for the
+        # job's uid (node_scripts/model_credentials.sh): one model's job cannot write another model's prefixes.
+        self.model_roles = ModelRoles(self, "ModelRoles", settings=settings, data_bucket=storage.data_bucket,
+                                      backup_bucket=storage.backup_bucket)
+        self.model_roles_policy = self._cluster_policy(
+            "AssumeModelRoles", "The compute nodes assume this cluster's models' roles, for each model's own jobs",
+            model_roles_policy(self.partition, self.account, settings.cluster_name))
+        nag.acknowledge_model_roles_policy(self.model_roles_policy)
         # Session Manager on every node, without AmazonSSMManagedInstanceCore's Parameter Store reads.
         self.session_manager_policy = self._cluster_policy(
             "SessionManager", "Session Manager's instance-side calls only: no Parameter Store, no Run Command",
@@ -96,7 +100,7 @@ class ClusterStack(cdk.Stack):
             assets_bucket=storage.assets_bucket.bucket_name,
             backup_bucket=storage.backup_bucket.bucket_name,
             data_upload_policy_arn=self.data_upload_policy.managed_policy_arn,
-            backup_upload_policy_arn=self.backup_upload_policy.managed_policy_arn,
+            model_roles_policy_arn=self.model_roles_policy.managed_policy_arn,
             session_manager_policy_arn=self.session_manager_policy.managed_policy_arn,
             monitoring_policy_arn=alerts.head_node_policy.managed_policy_arn,
             placement_group_name=network.placement_group.ref if network.placement_group else None,

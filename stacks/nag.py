@@ -104,12 +104,20 @@ def acknowledge_data_upload_policy(policy: Construct) -> None:
     )))
 
 
-def acknowledge_backup_upload_policy(policy: Construct) -> None:
-    """The CPU queue's write access to the backup bucket (cluster_config.render.backup_upload_policy)."""
+def acknowledge_model_role_policy(policy: Construct, model: str) -> None:
+    """A model's role's policy (cluster_config.render.model_role_policy)."""
     policy.node.add_validation(_AcknowledgeObjectWildcards(policy, (
-        "The backup job writes a new key per checkpoint step and log file under its model's prefix "
-        "(<model>/*), one prefix per model of the settings; the bucket policy refuses any overwrite."
+        f"{model}'s jobs read datasets (shared by design) and write a new key per shard, checkpoint file and log "
+        f"under {model}'s own prefixes only; the bucket policies refuse any overwrite and any delete."
     )))
+
+
+def acknowledge_model_roles_policy(policy: Construct) -> None:
+    """The compute queues' right to assume the models' roles (cluster_config.render.model_roles_policy)."""
+    policy.node.add_validation(_AcknowledgeStatementResources(policy, {
+        "AssumeModelRoles": "The roles of this cluster's models, one folder of IAM path per cluster; the credential "
+                            "helper, as root, assumes the caller's model's role only.",
+    }))
 
 
 def acknowledge_session_manager_policy(policy: Construct) -> None:

@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_fsx as fsx, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
+from cluster_config.render import MODEL_ROLE_PATH
 from cluster_config.settings import FileSystemSettings, Settings
 from stacks.network_stack import NetworkStack
 
@@ -22,11 +23,17 @@ CHECKPOINT_NONCURRENT_DAYS = 7
 # an old version, the bucket), or change how the bucket keeps data (versioning, lifecycle, object lock,
 # replication), who may reach it (policy, ACLs, ownership, public access block), its encryption or its
 # access logging. Allow policies grant none of these; the deny also holds against a policy added later.
-# ParallelCluster's roles all live under PCLUSTER_ROLE_PATH; administrators are not affected.
+# ParallelCluster's roles all live under PCLUSTER_ROLE_PATH, the models' roles (stacks/model_roles.py) under
+# MODEL_ROLE_PATH; administrators are not affected.
 CLUSTER_DENIED_ACTIONS = ["s3:Delete*", "s3:PutBucket*", "s3:PutLifecycleConfiguration", "s3:PutEncryptionConfiguration",
                           "s3:PutReplicationConfiguration", "s3:PutObjectAcl", "s3:PutObjectVersionAcl",
                           "s3:PutObjectRetention", "s3:PutObjectLegalHold", "s3:BypassGovernanceRetention"]
 PCLUSTER_ROLE_PATH = "/parallelcluster/"
+# The data bucket's keys that every cluster role writes once, like every backup: tokenized datasets (each
+# model's under tokenized/<model>/) and tokenizers. A dataset that must change gets a new folder, never new
+# bytes under a name a model's fingerprint already knows (data_pipeline.upload sends If-None-Match for a new
+# key and says so when a changed file would replace one). raw/ stays replaceable (versioned).
+DATA_WRITE_ONCE_PREFIXES = ("tokenized/*", "tokenizers/*")
 
 
 class StorageStack(cdk.Stack):
@@ -88,6 +95,7 @@ class StorageStack(cdk.Stack):
         for bucket in (self.data_bucket, self.checkpoint_bucket, self.backup_bucket):
             self._keep_versions_from_cluster_nodes(bucket)
         self._write_once_from_cluster_nodes(self.backup_bucket)
+        self._write_once_from_cluster_nodes(self.data_bucket, DATA_WRITE_ONCE_PREFIXES, sid="ClusterNodesWriteOnceDatasets")
         # Scripts and configs, re-uploaded by every deploy: nothing to keep.
         self.assets_bucket = self._bucket(
             "AssetsBucket", removal_policy=cdk.RemovalPolicy.DESTROY, auto_delete_objects=True
@@ -195,7 +203,9 @@ class StorageStack(cdk.Stack):
             )
         )
 
-    def _write_once_from_cluster_nodes(self, bucket: s3.IBucket) -> None:
+    def _write_once_from_cluster_nodes(
+        self, bucket: s3.IBucket, prefixes: tuple[str, ...] = ("*",), sid: str = "ClusterNodesWriteOnce"
+    ) -> None:
         """Deny the cluster's roles any object write that could replace an existing key: PutObject and
         CompleteMultipartUpload must carry If-None-Match (S3 then refuses a key that exists). The
         multipart steps before the completion cannot carry the header, so they are exempt
@@ -203,11 +213,11 @@ class StorageStack(cdk.Stack):
         self._add_to_policy(
             bucket,
             iam.PolicyStatement(
-                sid="ClusterNodesWriteOnce",
+                sid=sid,
                 effect=iam.Effect.DENY,
                 principals=[iam.AnyPrincipal()],
                 actions=["s3:PutObject"],
-                resources=[bucket.arn_for_objects("*")],
+                resources=[bucket.arn_for_objects(prefix) for prefix in prefixes],
                 conditions={
                     "ArnLike": {"aws:PrincipalArn": self._cluster_roles()},
                     "Null": {"s3:if-none-match": "true"},
@@ -216,8 +226,9 @@ class StorageStack(cdk.Stack):
             )
         )
 
-    def _cluster_roles(self) -> str:
-        return f"arn:{self.partition}:iam::{self.account}:role{PCLUSTER_ROLE_PATH}*"
+    def _cluster_roles(self) -> list[str]:
+        """The node roles and the models' roles (an assumed role's session is matched by its role's ARN)."""
+        return [f"arn:{self.partition}:iam::{self.account}:role{path}*" for path in (PCLUSTER_ROLE_PATH, MODEL_ROLE_PATH)]
 
     def _file_system(
         self, name: str, fs: FileSystemSettings, settings: Settings, network: NetworkStack, repository: s3.IBucket | None

@@ -72,6 +72,8 @@ def run(env: str, stand_in_packages: bool) -> dict:
             "SLURM_ETC": str(work / "slurm_etc"),
             "SLURM_BIN": str(work / "no-slurm"),
             "FSX_FSTYPE": "tmpfs",
+            # The model credential helper goes to the node's folder, not this machine's /usr/local/sbin.
+            "MODEL_CREDENTIALS_HELPER": str(work / "sbin" / "llm-model-credentials"),
         }
         for key in ("PIP_FIND_LINKS", "PIP_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
             if key in os.environ:

@@ -26,10 +26,10 @@ from cluster_config.render import (
     NODE_SCRIPTS_PREFIX,
     PCLUSTER_POLICY_PATH,
     ClusterResources,
-    backup_upload_policy,
     data_upload_policy,
     models_file,
     models_key,
+    model_roles_policy,
     render_cluster_config,
     session_manager_policy,
 )
@@ -104,8 +104,7 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
                                            PolicyDocument=json.dumps(document))["Policy"]["Arn"]
 
     data_upload = policy("data-upload", data_upload_policy(f"arn:aws:s3:::{placeholders.data_bucket}"))
-    backup_upload = policy("backup-upload", backup_upload_policy(f"arn:aws:s3:::{placeholders.backup_bucket}",
-                                                                 [model.name for model in settings.models]))
+    model_roles = policy("model-roles", model_roles_policy("aws", settings.account, settings.cluster_name))
     session_manager = policy("session-manager", session_manager_policy("aws", settings.region, settings.account))
     monitoring = policy("monitoring", head_node_policy(f"arn:aws:aps:{settings.region}:{settings.account}:workspace/ws-emulated"))
 
@@ -113,7 +112,7 @@ def deploy(endpoint: str, settings: Settings, stacks: dict, templates: dict[str,
         placeholders,
         database=database,
         data_upload_policy_arn=data_upload,
-        backup_upload_policy_arn=backup_upload,
+        model_roles_policy_arn=model_roles,
         session_manager_policy_arn=session_manager,
         monitoring_policy_arn=monitoring,
         head_node_subnet_id=net(network.head_node_subnet.subnet_id),

@@ -8,6 +8,11 @@ sync hashes every file, skips those already in S3 with the same size and SHA-256
 object metadata ``sha256`` at upload), uploads the rest in parallel (multipart above
 ``--part-mb``), and writes ``s3://bucket/prefix/manifest.json`` ({path: {size, sha256}}) last, so
 a manifest means a complete upload; an interrupted sync resumes by running it again.
+A key that is not in S3 yet is written with ``If-None-Match: *`` (S3 refuses it if another writer
+created it meanwhile): the data bucket keeps ``tokenized/`` and ``tokenizers/`` write-once, refusing any
+write without that header there (stacks/storage_stack.py), so a file that changed after its sync cannot
+replace the synced one: sync the changed dataset to a new folder. Elsewhere (``raw/``) a changed file
+replaces the old one, whose version the bucket keeps.
 verify checks every manifest entry against the objects (presence, size, stored SHA-256; with
 ``--deep`` it downloads and re-hashes) and exits 1 naming each bad file.
 restore copies every manifest entry back into LOCAL_DIR and checks its SHA-256 (files already there
@@ -90,6 +95,66 @@ def _remote_sha(s3, bucket: str, key: str) -> tuple[int, str | None] | None:
     return head["ContentLength"], head.get("Metadata", {}).get("sha256")
 
 
+def _remote_body(s3, bucket: str, key: str) -> bytes | None:
+    from botocore.exceptions import ClientError
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
+def _error_code(error) -> str:
+    return error.response.get("Error", {}).get("Code", "")
+
+
+def _put_conditional(s3, bucket: str, key: str, put) -> None:
+    """``put`` (a write carrying If-None-Match), its refusals as one clear line."""
+    from botocore.exceptions import ClientError
+    try:
+        put()
+    except ClientError as e:
+        if _error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+            raise UploadError(f"s3://{bucket}/{key} was written by another sync meanwhile — run the sync again "
+                              "(it skips what matches) or sync to a new folder") from None
+        raise
+
+
+def _replace(s3, bucket: str, key: str, put) -> None:
+    """Replace an existing key with other content; a write-once prefix refuses it (AccessDenied)."""
+    from botocore.exceptions import ClientError
+    try:
+        put()
+    except ClientError as e:
+        if _error_code(e) in ("AccessDenied", "403"):
+            raise UploadError(f"s3://{bucket}/{key} exists with other content and may not be replaced (the data "
+                              "bucket keeps tokenized/ and tokenizers/ write-once) — sync the changed dataset to a "
+                              "new folder") from None
+        raise
+
+
+def _put_new(s3, path: Path, bucket: str, key: str, part_bytes: int, metadata: dict) -> None:
+    """Write ``path`` to a key that must not exist yet: one PutObject below ``part_bytes``, else a multipart
+    upload whose completion carries If-None-Match (boto3's transfer manager cannot pass it)."""
+    if path.stat().st_size < part_bytes:
+        _put_conditional(s3, bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(),
+                                                                Metadata=metadata, IfNoneMatch="*"))
+        return
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata)["UploadId"]
+    try:
+        parts = []
+        with open(path, "rb") as f:
+            while chunk := f.read(part_bytes):
+                sent = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=len(parts) + 1, Body=chunk)
+                parts.append({"PartNumber": len(parts) + 1, "ETag": sent["ETag"]})
+        _put_conditional(s3, bucket, key, lambda: s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, IfNoneMatch="*"))
+    except BaseException:
+        s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)  # no parts left to pay for
+        raise
+
+
 def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: int = 64) -> dict:
     from boto3.s3.transfer import TransferConfig
 
@@ -109,11 +174,15 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
         rel = path.relative_to(local_dir).as_posix()
         entry = {"size": path.stat().st_size, "sha256": sha256_file(path)}
         key = _key(prefix, rel)
-        if _remote_sha(s3, bucket, key) == (entry["size"], entry["sha256"]):
+        remote = _remote_sha(s3, bucket, key)
+        if remote == (entry["size"], entry["sha256"]):
             progress.update(entry["size"])
             return rel, entry, False
-        s3.upload_file(str(path), bucket, key, Config=transfer,
-                       ExtraArgs={"Metadata": {"sha256": entry["sha256"]}})
+        if remote is None:
+            _put_new(s3, path, bucket, key, part_mb << 20, {"sha256": entry["sha256"]})
+        else:
+            _replace(s3, bucket, key, lambda: s3.upload_file(str(path), bucket, key, Config=transfer,
+                                                             ExtraArgs={"Metadata": {"sha256": entry["sha256"]}}))
         progress.update(entry["size"])
         return rel, entry, True
 
@@ -121,8 +190,12 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
             ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, files))
     manifest = {"version": 1, "files": {rel: entry for rel, entry, _ in results}}
-    s3.put_object(Bucket=bucket, Key=_key(prefix, MANIFEST),
-                  Body=json.dumps(manifest, indent=1).encode(), ContentType="application/json")
+    body, key = json.dumps(manifest, indent=1).encode(), _key(prefix, MANIFEST)
+    if _remote_body(s3, bucket, key) is None:
+        _put_conditional(s3, bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=body,
+                                                               ContentType="application/json", IfNoneMatch="*"))
+    elif _remote_body(s3, bucket, key) != body:
+        _replace(s3, bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json"))
     uploaded = [rel for rel, _, up in results if up]
     return {"url": url, "files": len(results), "uploaded": len(uploaded),
             "skipped": len(results) - len(uploaded),

@@ -1,4 +1,4 @@
-"""The cluster stack's managed policies for the nodes: Session Manager only, and the backup job's writes."""
+"""The cluster stack's managed policies for the nodes: Session Manager only (the models' roles: test_model_roles.py)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,3 @@ def test_session_manager_policy_replaces_the_managed_core_policy(prod):
     assert "AmazonSSMManagedInstanceCore" not in str(prod.template_json("cluster"))
 
 
-def test_backup_policy_puts_objects_under_each_models_prefix_and_deletes_nothing(prod):
-    properties = managed_policy(prod, "backup_upload_policy")
-    assert properties["Path"] == PCLUSTER_POLICY_PATH
-    (statement,) = properties["PolicyDocument"]["Statement"]
-    assert sorted(statement["Action"]) == ["s3:AbortMultipartUpload", "s3:PutObject"]
-    suffixes = [resource["Fn::Join"][1][-1] for resource in statement["Resource"]]
-    assert suffixes == [f"/{model.name}/*" for model in prod.settings.models]

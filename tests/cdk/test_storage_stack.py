@@ -133,7 +133,9 @@ def test_cluster_nodes_cannot_delete_or_reconfigure_the_bucket(each_env, name):
         assert not any(fnmatchcase(action, pattern) for pattern in denied), action
     # Only ParallelCluster's roles (path /parallelcluster/<cluster>/), never the deploying administrator.
     arn = statement["Condition"]["ArnLike"]["aws:PrincipalArn"]
-    assert arn == f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*"
+    # The node roles and the models' roles (stacks/model_roles.py), whose sessions a job may hold.
+    assert arn == [f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*",
+                   f"arn:aws:iam::{each_env.settings.account}:role/llm-models/*"]
 
 
 def test_cluster_nodes_write_backups_once(each_env):
@@ -143,7 +145,8 @@ def test_cluster_nodes_write_backups_once(each_env):
     statement = statements["ClusterNodesWriteOnce"]
     assert (statement["Effect"], statement["Principal"], statement["Action"]) == ("Deny", {"AWS": "*"}, "s3:PutObject")
     assert statement["Condition"] == {
-        "ArnLike": {"aws:PrincipalArn": f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*"},
+        "ArnLike": {"aws:PrincipalArn": [f"arn:aws:iam::{each_env.settings.account}:role/parallelcluster/*",
+                                         f"arn:aws:iam::{each_env.settings.account}:role/llm-models/*"]},
         "Null": {"s3:if-none-match": "true"},
         "Bool": {"s3:ObjectCreationOperation": "true"},
     }

@@ -19,8 +19,9 @@ from cluster_config.render import (
     NODE_SETUP_SCRIPT,
     ClusterResources,
     RenderError,
-    backup_upload_policy,
     data_upload_policy,
+    model_role_arn,
+    model_role_policy,
     models_file,
     render_cluster_config,
     session_manager_policy,
@@ -183,19 +184,22 @@ def test_queue_s3_access_is_least_privilege():
     assert access(cpu) == {resources.data_bucket: False, resources.backup_bucket: False, resources.assets_bucket: False}
     for queue in (gpu, cpu):
         assert all("*" not in a["BucketName"] for a in queue["Iam"]["S3Access"])
-    # The CPU jobs' writes (dataset sync, backups) come from the two managed policies; training touches FSx only.
-    ssm = {"Policy": resources.session_manager_policy_arn}
-    assert gpu["Iam"]["AdditionalIamPolicies"] == [ssm]
-    assert cpu["Iam"]["AdditionalIamPolicies"] == [ssm, {"Policy": resources.data_upload_policy_arn},
-                                                   {"Policy": resources.backup_upload_policy_arn}]
+    # The cluster user's dataset sync writes through the CPU queue's data policy; a model's jobs through its
+    # model's role, which both compute queues may assume (model_roles_policy); training touches FSx only.
+    ssm, models = {"Policy": resources.session_manager_policy_arn}, {"Policy": resources.model_roles_policy_arn}
+    assert gpu["Iam"]["AdditionalIamPolicies"] == [ssm, models]
+    assert cpu["Iam"]["AdditionalIamPolicies"] == [ssm, {"Policy": resources.data_upload_policy_arn}, models]
 
 
-def test_backup_policy_writes_new_objects_under_each_models_prefix_only():
+def test_a_models_role_writes_new_objects_under_its_own_prefixes_only():
     settings = load_settings("prod")
-    policy = backup_upload_policy("arn:aws:s3:::b", [model.name for model in settings.models])
-    (statement,) = policy["Statement"]
-    assert (statement["Effect"], statement["Action"]) == ("Allow", ["s3:PutObject", "s3:AbortMultipartUpload"])
-    assert statement["Resource"] == [f"arn:aws:s3:::b/{model.name}/*" for model in settings.models]
+    policy = model_role_policy("model1", data_bucket_arn="arn:aws:s3:::d", backup_bucket_arn="arn:aws:s3:::b")
+    writes = [s for s in policy["Statement"] if "s3:PutObject" in s["Action"]]
+    assert [s["Resource"] for s in writes] == ["arn:aws:s3:::d/tokenized/model1/*", "arn:aws:s3:::b/model1/*"]
+    assert all(s["Effect"] == "Allow" and "s3:*" not in s["Action"] for s in policy["Statement"])
+    assert models_file(settings).splitlines()[0] == (
+        f"model1 {settings.models[0].nodes} arn:aws:iam::{settings.account}:role/llm-models/{settings.cluster_name}/"
+        f"{settings.cluster_name}-model1")
 
 
 def test_session_manager_policy_has_only_the_session_actions():
@@ -215,7 +219,7 @@ def test_head_node_may_upload_to_the_data_bucket_but_not_delete():
         {"Policy": resources.session_manager_policy_arn}, {"Policy": resources.data_upload_policy_arn},
         {"Policy": resources.monitoring_policy_arn}]  # the metric agent's (stacks/alerts_stack.py)
     # Attachable by ParallelCluster's least-privilege users: policy/parallelcluster/* only.
-    for arn in (resources.data_upload_policy_arn, resources.monitoring_policy_arn, resources.backup_upload_policy_arn,
+    for arn in (resources.data_upload_policy_arn, resources.monitoring_policy_arn, resources.model_roles_policy_arn,
                 resources.session_manager_policy_arn):
         assert arn.startswith(f"arn:aws:iam::{settings.account}:policy/parallelcluster/")
     # Through the policy, not S3Access: ParallelCluster grants a writable S3Access bucket as s3:*.
@@ -245,7 +249,7 @@ def test_custom_actions_run_the_shipped_scripts_and_read_the_model_list_from_a_f
         assert args[args.index("--data-uri") + 1] == f"s3://{resources.data_bucket}"
         assert args[args.index("--models-uri") + 1] == models_uri
         assert not set(args) & {m.name for m in settings.models}  # no model name in OnNodeConfigured
-    assert models_file(settings) == "".join(f"{m.name} {m.nodes}\n" for m in settings.models)
+    assert models_file(settings) == "".join(f"{m.name} {m.nodes} {model_role_arn(settings, m.name)}\n" for m in settings.models)
     updated = config["HeadNode"]["CustomActions"]["OnNodeUpdated"]["Args"]
     assert updated[:-4] == config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"]
     # The GPU queue's end lies beside the list (tests/cluster_config/test_capacity_end.py); both digests may change.

@@ -7,7 +7,7 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from cluster_config.render import ClusterResources
+from cluster_config.render import ClusterResources, model_role_arn
 from cluster_config.settings import load_settings
 
 pytestmark = pytest.mark.slow  # the emulated account and ParallelCluster's own code
@@ -47,16 +47,21 @@ def test_no_cluster_role_may_delete_or_reconfigure_the_data_and_backup_buckets(r
             assert not wildcards, (node, wildcards)
 
 
-def test_cpu_queue_writes_backups_only_under_the_models_prefixes(roles):
+def test_no_node_role_writes_backups_and_the_compute_queues_assume_only_their_models_roles(roles):
+    """Every job on a node could use the node's role: backups are written through the model's own role
+    (stacks/model_roles.py, via node_scripts/model_credentials.sh), never with the node's."""
     settings = load_settings("prod")
     bucket = f"arn:aws:s3:::{ClusterResources.placeholders(settings).backup_bucket}"
-    statements = roles["cpu"]["statements"]
-    for model in settings.models:
-        assert allowed(statements, "s3:PutObject", f"{bucket}/{model.name}/step_00000040/.metadata")
-    assert not allowed(statements, "s3:PutObject", f"{bucket}/not-a-model/x")
-    assert not allowed(statements, "s3:PutObject", f"{bucket}/x")
-    for node in ("HeadNode", "gpu"):
-        assert not allowed(roles[node]["statements"], "s3:PutObject", f"{bucket}/model1/x"), node
+    for node, role in roles.items():
+        for model in settings.models:
+            assert not allowed(role["statements"], "s3:PutObject", f"{bucket}/{model.name}/step_00000040/.metadata"), node
+    for queue in ("cpu", "gpu"):
+        statements = roles[queue]["statements"]
+        for model in settings.models:
+            assert allowed(statements, "sts:AssumeRole", model_role_arn(settings, model.name)), queue
+        assert not allowed(statements, "sts:AssumeRole", f"arn:aws:iam::{settings.account}:role/llm-models/other-cluster/x")
+        assert not allowed(statements, "sts:AssumeRole", f"arn:aws:iam::{settings.account}:role/admin")
+    assert not allowed(roles["HeadNode"]["statements"], "sts:AssumeRole", model_role_arn(settings, "model1"))
 
 
 def test_no_cluster_role_reads_parameter_store_broadly(roles):

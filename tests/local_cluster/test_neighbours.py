@@ -6,18 +6,23 @@ running on a node as model1 (node_scripts/directory_setup.sh makes one user per 
 gives it its model's account alone). It tries, on model2's lineage: removing, truncating, renaming and
 replacing its checkpoint and log folders' entries, re-pointing its `latest`, changing its folder's mode; on
 Slurm: a job under model2's account or under ops (around the model's one-running-job QOS), cancelling,
-holding and requeueing model2's running job; on S3: deleting model2's backup and changing the backup
-bucket's versioning, with the CPU queue's own policies (cluster_config/render.py) enforced by moto's IAM
-checks (the AWS boundary; moto evaluates identity policies, not bucket policies). Every attempt must be
-refused for its reason (the error each tool prints) and model2's tree be byte for byte what it was; the
-same job's write to its own folder and its read of model2's backup must work (the means are sound).
+holding and requeueing model2's running job; on S3: deleting model2's backup, changing the backup bucket's
+versioning, squatting model2's final-step key, forging a `verified/` marker of model2's and replacing model2's
+dataset, with the credentials a model user's AWS config gets on a node (the root-owned helper
+node_scripts/model_credentials.sh, through sudo, assuming the caller's model's role) and the models' role
+policies (cluster_config/render.py) enforced by moto's IAM checks (the AWS boundary; moto evaluates identity
+policies, not bucket policies), on the cpu queue. Asking the helper for another model's role (an argument,
+or without sudo) is refused too. Every attempt must be refused for its reason (the error each tool prints),
+model2's tree be byte for byte what it was and its backup and dataset objects unchanged; the same job's writes to its own folder and its own backup prefix must work (the means are sound).
 
 The same user also names model2 in its own submission (`submit.sh model1 name=model2`, `sbatch
 jobs/train_model1.sh --model model2` or `--config jobs/models/model2.yaml`): the preflight refuses before
 sbatch, the job as a user error (exit 2, not requeued) before it touches anything of model2's.
 
 Not here: the bucket policy's refusals of overwrites (a put without If-None-Match) and of deletes by any
-cluster role, which moto does not evaluate (tests/cdk/test_storage_stack.py asserts the policy); a second job
+cluster role, which moto does not evaluate (tests/cdk/test_storage_stack.py and test_model_roles.py assert the
+policies); the instance metadata service kept from job users, which this machine does not have (the rules
+node_setup.sh writes: tests/node_scripts/test_node_scripts.py); a second job
 of the same model, and a run killed mid-prune or mid-save (tests/training/test_lineage.py, real trainers).
 """
 
@@ -37,13 +42,17 @@ from pathlib import Path
 import boto3
 import pytest
 
-from cluster_config.render import PCLUSTER_POLICY_PATH, backup_upload_policy
+from cluster_config.render import MODEL_ROLE_PATH, model_role_policy
 from local_cluster.client import controller_address, give_to, job_folders, login, submitted, wait_for, wait_for_job
 from tests.s3_server import aws_config, s3_server
 
 pytestmark = pytest.mark.slurm
 
+REPO = Path(__file__).resolve().parents[2]
 BACKUPS = "llm-dev-backups-neighbours"
+DATA = "llm-dev-data-neighbours"
+MODEL2_DATASET = b'{"files": {"shard_000000.tar": "model2 sha256"}}'
+HELPER = Path("/usr/local/sbin/llm-model-credentials")
 ATTACKS = """\
 #!/bin/bash
 # model1's job against model2's work: each line "refused: <command> :: <why>" or "DONE: <command>".
@@ -77,9 +86,17 @@ sys.exit('Errors: ' + ' '.join(e['Code'] for e in answer['Errors']) if answer.ge
 try s3 delete_object "{'Bucket': '$BACKUPS', 'Key': 'model2/step_00000010/train_meta.json'}"
 try s3 delete_objects "{'Bucket': '$BACKUPS', 'Delete': {'Objects': [{'Key': 'model2/verified/step_00000010'}]}}"
 try s3 put_bucket_versioning "{'Bucket': '$BACKUPS', 'VersioningConfiguration': {'Status': 'Suspended'}}"
-# The same means work where they should: on model1's own folder, and reading model2's backup.
+# Squat model2's predictable final-step key, forge a verified marker the restore would pick, replace its dataset.
+try s3 put_object "{'Bucket': '$BACKUPS', 'Key': 'model2/step_00072000/.metadata', 'Body': b'squat', 'IfNoneMatch': '*'}"
+try s3 put_object "{'Bucket': '$BACKUPS', 'Key': 'model2/verified/step_99999999', 'Body': b'forged', 'IfNoneMatch': '*'}"
+try s3 put_object "{'Bucket': '$DATA', 'Key': 'tokenized/model2/dataset.json', 'Body': b'{}', 'IfNoneMatch': '*'}"
+# Ask the credential helper for another model's role: by argument (its sudo rule allows none), or without sudo.
+try sudo -n /usr/local/sbin/llm-model-credentials model2
+try /usr/local/sbin/llm-model-credentials
+# The same means work where they should: on model1's own folder and its own backup prefix.
 try touch /fsx/checkpoints/model1/neighbour-own-file
-try s3 list_objects_v2 "{'Bucket': '$BACKUPS', 'Prefix': 'model2/'}"
+try s3 put_object "{'Bucket': '$BACKUPS', 'Key': 'model1/verified/step_00000001', 'Body': b'own', 'IfNoneMatch': '*'}"
+try s3 list_objects_v2 "{'Bucket': '$BACKUPS', 'Prefix': 'model1/'}"
 echo "as $(id -un) on $(hostname), account $SLURM_JOB_ACCOUNT"
 """
 # Why each attempt must fail: the file system's permissions, Slurm's accounts and job ownership, S3's IAM.
@@ -88,7 +105,8 @@ REFUSED_BECAUSE = {"rm ": "Permission denied", "truncate ": "Permission denied",
                    "chmod ": "Operation not permitted", "sbatch ": "Invalid account",
                    "scancel ": "Access/permission denied", "scontrol hold ": "Invalid user id",
                    "scontrol requeue ": "Access/permission denied",
-                   "s3 ": "AccessDenied"}  # DeleteObjects: "Errors: AccessDenied"
+                   "s3 ": "AccessDenied",
+                   "sudo ": "a password is required", "/usr/local/sbin/llm-model-credentials": "run it as 'sudo -n"}  # DeleteObjects: "Errors: AccessDenied"
 
 
 def tree_digest(*roots: Path) -> dict[str, str]:
@@ -129,35 +147,72 @@ def model2_lineage(slurm_cluster):
 
 @pytest.fixture
 def backup_bucket(slurm_cluster):
-    """The backup bucket with a backup of model2's, on a moto server that checks IAM, and model1's
-    credentials: those of a user with the CPU queue's S3 policies (the instance profile its jobs get)."""
+    """The backup and data buckets with model2's backup and dataset, on a moto server that checks IAM; each
+    model's role with its policy (render.model_role_policy); the node's credentials (the instance profile:
+    read the buckets, assume the models' roles) kept for root, as node_setup.sh keeps them on AWS; and what
+    directory_setup.sh installs on every node: the credential helper, its sudo rule, the model-role list, and
+    model1's ~/.aws/config calling the helper. Yields a read-only client to inspect the buckets afterwards."""
+    installed = [HELPER, Path("/etc/llm/model-roles"), Path("/etc/llm/instance-aws.config"),
+                 Path("/etc/sudoers.d/llm-model-credentials")]
+    # What the nodes' boot installed (directory_setup.sh) comes back afterwards; the test's own goes.
+    kept = {path: (path.read_bytes(), path.stat().st_mode) for path in installed if path.exists()}
     with s3_server(controller_address()) as url:
         admin = dict(endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
         s3, iam = boto3.client("s3", **admin), boto3.client("iam", **admin)
-        s3.create_bucket(Bucket=BACKUPS)
-        s3.put_bucket_versioning(Bucket=BACKUPS, VersioningConfiguration={"Status": "Enabled"})
+        for bucket in (BACKUPS, DATA):
+            s3.create_bucket(Bucket=bucket)
+            s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         for key in ("model2/step_00000010/train_meta.json", "model2/verified/step_00000010"):
             s3.put_object(Bucket=BACKUPS, Key=key, Body=b'{"step": 10}')
-        arn = f"arn:aws:s3:::{BACKUPS}"
-        read = {"Effect": "Allow", "Action": ["s3:Get*", "s3:List*"], "Resource": [arn, f"{arn}/*"]}  # S3Access, read-only
-        policy = backup_upload_policy(arn, ["model1", "model2"])
-        policy = {**policy, "Statement": [*policy["Statement"], read]}
-        created = iam.create_policy(PolicyName="cpu-queue", Path=PCLUSTER_POLICY_PATH, PolicyDocument=json.dumps(policy))
-        iam.create_user(UserName="cpu-node")
-        iam.attach_user_policy(UserName="cpu-node", PolicyArn=created["Policy"]["Arn"])
+        s3.put_object(Bucket=DATA, Key="tokenized/model2/dataset.json", Body=MODEL2_DATASET)
+        arns = [f"arn:aws:s3:::{bucket}" for bucket in (BACKUPS, DATA)]
+        read = {"Effect": "Allow", "Action": ["s3:Get*", "s3:List*"], "Resource": [*arns, *(f"{a}/*" for a in arns)]}
+        # The node's instance profile: read the buckets (S3Access), assume the models' roles (model_roles_policy),
+        # which trust it (on AWS: the cluster's node roles, stacks/model_roles.py).
+        node_arn = iam.create_user(UserName="cpu-node")["User"]["Arn"]
+        trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": node_arn},
+                                                         "Action": "sts:AssumeRole"}]}
+        roles = {}
+        for model in ("model1", "model2"):
+            role = iam.create_role(RoleName=f"llm-dev-{model}", Path=f"{MODEL_ROLE_PATH}llm-dev/",
+                                   AssumeRolePolicyDocument=json.dumps(trust))
+            iam.put_role_policy(RoleName=f"llm-dev-{model}", PolicyName="s3", PolicyDocument=json.dumps(
+                model_role_policy(model, data_bucket_arn=arns[1], backup_bucket_arn=arns[0])))
+            roles[model] = role["Role"]["Arn"]
+        node = {"Version": "2012-10-17", "Statement": [read, {"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                             "Resource": list(roles.values())}]}
+        iam.put_user_policy(UserName="cpu-node", PolicyName="node", PolicyDocument=json.dumps(node))
         key = iam.create_access_key(UserName="cpu-node")["AccessKey"]
-        created = iam.create_policy(PolicyName="inspector", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [read]}))
         iam.create_user(UserName="inspector")
-        iam.attach_user_policy(UserName="inspector", PolicyArn=created["Policy"]["Arn"])
+        iam.put_user_policy(UserName="inspector", PolicyName="read",
+                            PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [read]}))
         inspector = iam.create_access_key(UserName="inspector")["AccessKey"]
         reset_auth = urllib.request.Request(f"{url}/moto-api/reset-auth", data=b"0", headers={"Content-Type": "text/plain"})
         urllib.request.urlopen(reset_auth, timeout=10).close()  # IAM checks on every request from now on
-        aws = aws_config("model1", url, key["AccessKeyId"], key["SecretAccessKey"])
+        Path("/etc/llm").mkdir(exist_ok=True)
+        shutil.copyfile(REPO / "node_scripts/model_credentials.sh", HELPER)
+        HELPER.chmod(0o755)
+        Path("/etc/llm/model-roles").write_text("".join(f"{model} {arn}\n" for model, arn in roles.items()))
+        instance = Path("/etc/llm/instance-aws.config")
+        instance.write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\naws_access_key_id = {key['AccessKeyId']}\n"
+                            f"aws_secret_access_key = {key['SecretAccessKey']}\n")
+        instance.chmod(0o600)
+        sudoers = Path("/etc/sudoers.d/llm-model-credentials")
+        sudoers.write_text(f'ALL ALL=(root) NOPASSWD: {HELPER} ""\n')
+        sudoers.chmod(0o440)
+        aws = aws_config("model1", url)
+        (aws / "credentials").unlink()
+        (aws / "config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {url}\ncredential_process = sudo -n {HELPER}\n")
         try:
             yield boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=inspector["AccessKeyId"],
                                aws_secret_access_key=inspector["SecretAccessKey"])
         finally:
             shutil.rmtree(aws, ignore_errors=True)
+            for path in installed:
+                path.unlink(missing_ok=True)
+                if path in kept:
+                    path.write_bytes(kept[path][0])
+                    path.chmod(kept[path][1])
 
 
 def job_state(job: str) -> str:
@@ -184,21 +239,22 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
         attack = login(f"""\
             sudo su - model1
             cd /opt/llm-jobs/bundle
-            MODEL2_JOB={model2_job} BACKUPS={BACKUPS} sbatch --nodes=1 --output=/fsx/logs/model1/neighbour_%j.out {script}
+            MODEL2_JOB={model2_job} BACKUPS={BACKUPS} DATA={DATA} sbatch -p cpu --nodes=1 --output=/fsx/logs/model1/neighbour_%j.out {script}
             """)
         job = submitted(attack)
         output = logs.parent / "model1" / f"neighbour_{job}.out"
         assert wait_for_job(job, timeout=180) == ("COMPLETED", 0), output.read_text() if output.exists() else attack.stderr
         lines = output.read_text().splitlines()
         assert lines[-1].startswith("as model1 on node") and lines[-1].endswith("account model1"), lines
-        attempts, controls = lines[:-3], lines[-3:-1]
-        assert len(attempts) == 19, "\n".join(lines)
+        attempts, controls = lines[:-4], lines[-4:-1]
+        assert len(attempts) == 24, "\n".join(lines)
         for line in attempts:
             command = line.removeprefix("refused: ")
             assert line.startswith("refused: "), "\n".join(lines)
             assert REFUSED_BECAUSE[next(k for k in REFUSED_BECAUSE if command.startswith(k))] in line, line
-        assert controls == ["DONE: touch /fsx/checkpoints/model1/neighbour-own-file",
-                            f"DONE: s3 list_objects_v2 {{'Bucket': '{BACKUPS}', 'Prefix': 'model2/'}}"], "\n".join(lines)
+        assert [c.split(" {")[0] for c in controls] == [
+            "DONE: touch /fsx/checkpoints/model1/neighbour-own-file", "DONE: s3 put_object", "DONE: s3 list_objects_v2"], \
+            "\n".join(lines)
         assert tree_digest(checkpoints, logs) == before
         assert job_state(model2_job) == "RUNNING"  # neither cancelled, held nor requeued
         # model2's own second job waits for its first (the QOS's one running job): its user has no other
@@ -213,7 +269,10 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
         assert job_state(second) == "PENDING"
         subprocess.run(["scancel", second])
         kept = {o["Key"] for o in backup_bucket.list_objects_v2(Bucket=BACKUPS)["Contents"]}
-        assert kept == {"model2/step_00000010/train_meta.json", "model2/verified/step_00000010"}
+        assert kept == {"model2/step_00000010/train_meta.json", "model2/verified/step_00000010", "model1/verified/step_00000001"}
+        assert backup_bucket.get_object(Bucket=DATA, Key="tokenized/model2/dataset.json")["Body"].read() == MODEL2_DATASET
+        versions = backup_bucket.list_object_versions(Bucket=DATA, Prefix="tokenized/model2/")["Versions"]
+        assert len(versions) == 1  # no replaced version either
         versioning = backup_bucket.get_bucket_versioning(Bucket=BACKUPS)["Status"]
         assert versioning == "Enabled"
         assert pwd.getpwnam("model1").pw_uid != pwd.getpwnam("model2").pw_uid

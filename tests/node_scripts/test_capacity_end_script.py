@@ -175,7 +175,8 @@ def test_the_head_nodes_setup_reserves_the_end_it_fetched_and_checks_its_digest(
     (bucket / "jobs" / "requirements-jobs.txt").write_text("# nothing to install\n")
     shutil.copytree(SCRIPT.parent, bucket / "node_scripts")
     (bucket / "cluster").mkdir()
-    (bucket / "cluster" / "llm.models").write_text("model1 4\n")
+    role = "arn:aws:iam::111111111111:role/llm-models/llm/llm-model1"  # the list's third column (render.models_file)
+    (bucket / "cluster" / "llm.models").write_text(f"model1 4 {role}\n")
     now = datetime.now(timezone.utc).replace(microsecond=0)
     end = (f"# generated\nreservation=capacity_end partition=gpu start={utc(now + timedelta(days=1))} "
            f"end={utc(now + timedelta(days=1, minutes=40))} backups={utc(now + timedelta(days=1, minutes=7))}\n")
@@ -190,6 +191,11 @@ def test_the_head_nodes_setup_reserves_the_end_it_fetched_and_checks_its_digest(
     for name in ("scontrol", "squeue", "sbatch", "scancel"):
         (slurm_bin / name).write_text(STAND_IN)
         (slurm_bin / name).chmod(0o755)
+    # Each model's backup is submitted as the model's own user (its role's credentials are that user's alone,
+    # model_credentials.sh); runuser records whom it runs as (pytest's folders are private to root).
+    runuser = node / "bin" / "runuser"
+    runuser.write_text(f'#!/bin/bash\necho "runuser $*" >>"{node}/calls"\nshift 3\nexec "$@"\n')
+    runuser.chmod(0o755)
     extra = {"SLURM_ETC": str(node / "slurm_etc"), "SLURM_BIN": str(slurm_bin), "STATE": str(node)}
     args = ["--jobs-uri", "s3://assets/jobs/", "--models-uri", "s3://assets/cluster/llm.models"]
 
@@ -199,8 +205,19 @@ def test_the_head_nodes_setup_reserves_the_end_it_fetched_and_checks_its_digest(
     calls = (node / "calls").read_text()
     assert "scontrol create reservation ReservationName=capacity_end" in calls
     assert "sbatch --parsable" in calls and "--job-name=backup-model1-capacity_end" in calls
+    assert "runuser -u model1 -- sbatch --parsable" in calls  # as model1, not as the cluster's user
     assert f"{node / 'jobs_home' / 'bundle' / 'jobs' / 'backup.sh'} model1" in calls  # the bundle the head node installed
     assert "step 'GPU capacity end' took" in proc.stderr
+    # Every model user's credentials are its own model's role's: the helper, root's; its sudo rule (no
+    # arguments); the model-role list; on the head node the model user's ~/.aws/config (model_credentials.sh).
+    helper = node / "sbin" / "llm-model-credentials"
+    assert helper.read_bytes() == (SCRIPT.parent / "model_credentials.sh").read_bytes() and helper.stat().st_uid == 0
+    assert (node / "etc/llm/model-roles").read_text() == f"model1 {role}\n"
+    sudoers = node / "etc/sudoers.d/llm-model-credentials"
+    assert sudoers.read_text().splitlines()[-1] == f'ALL ALL=(root) NOPASSWD: {helper} ""'
+    assert oct(sudoers.stat().st_mode & 0o777) == "0o440"
+    config = node / "home/model1/.aws/config"
+    assert config.read_text() == f"[default]\ncredential_process = sudo -n {helper}\n"
 
     proc = run_directory_setup(node, *args, "--capacity-end-sha256", "0" * 64, extra_env=extra)
     assert proc.returncode == 1

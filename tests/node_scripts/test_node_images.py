@@ -186,6 +186,9 @@ class Cluster:
             "SLURM_BIN": str(self.shared / "opt" / "slurm" / "bin"),
             "FSX_FSTYPE": "tmpfs",
             "FSX_MOUNTS": f"{self.fsx / 'checkpoints'} {self.fsx / 'logs'}",
+            # The model credential helper, its list and sudo rule (directory_setup.sh): the node's, not this machine's.
+            "MODEL_CREDENTIALS_HELPER": str(self.at("/usr/local/sbin/llm-model-credentials")),
+            "MODEL_ROLES": str(self.at("/etc/llm/model-roles")), "SUDOERS_DIR": str(self.at("/etc/sudoers.d")),
             **extra,
         }
 
@@ -194,6 +197,7 @@ class Cluster:
         its own ec2-user, tmpfs as its FSx mounts."""
         setup = [f"mount --bind {root} {self.mount}",
                  f"mount --bind {root}/etc/passwd /etc/passwd", f"mount --bind {root}/etc/group /etc/group",
+                 f"mkdir -p {root}/home && mount --bind {root}/home /home",  # the model users' homes: the node's
                  *(f"mount -t tmpfs tmpfs {self.fsx / name}" for name in ("data", "checkpoints", "logs"))]
         return subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
                                " && ".join(setup) + ' && exec "$@"', "node", *command],

@@ -35,7 +35,8 @@ def node(tmp_path):
 def node_env(node: Path) -> dict[str, str]:
     """The node's paths for directory_setup.sh (stand-ins for /etc/parallelcluster, /opt/llm-jobs, /etc/llm)."""
     return {"FSX_FSTYPE": "tmpfs", "CFNCONFIG": str(node / "cfnconfig"), "JOBS_HOME": str(node / "jobs_home"),
-            "JOBS_PYTHON": sys.executable, "NODE_HEALTH_ENV": str(node / "node-health.env"), "LOG_DIR": str(node / "log")}
+            "JOBS_PYTHON": sys.executable, "NODE_HEALTH_ENV": str(node / "node-health.env"), "LOG_DIR": str(node / "log"),
+            "MODEL_CREDENTIALS_HELPER": str(node / "sbin" / "llm-model-credentials")}
 
 
 def own_etc(node: Path) -> str:
@@ -89,8 +90,9 @@ def test_directory_setup_gives_each_model_its_user_and_folders_and_the_cluster_u
     # find prints paths relative to each root; the roots are data, checkpoints, logs in that order.
     for expected in ("raw", "tokenized", "validation", "acceptance", "data", "fsx_perf", "input_diagnosis", "tools"):
         assert entries[expected] == ("nobody", "2775"), (expected, entries)
-    # fsx_perf.sh's work folder on each mount (the three roots print the same relative name): any user's run
-    assert proc.stdout.count(".fsx_perf nobody") == 0 and proc.stdout.count(".fsx_perf root 1777") == 3, proc.stdout
+    # fsx_perf.sh's work folder on each mount (the three roots print the same relative name): the cluster
+    # user's, who runs it; no model's user can write there (issue 50: it was world-writable)
+    assert proc.stdout.count(".fsx_perf root") == 0 and proc.stdout.count(".fsx_perf nobody 2755") == 3, proc.stdout
     for model in ("model1", "model7"):  # the model's user writes them, every other user only reads
         for expected in (model, f"{model}/tensorboard"):
             assert entries[expected] == (model, "2755"), (expected, entries)
@@ -244,9 +246,30 @@ def test_health_hook_leaves_a_healthy_node_alone_and_drains_on_a_hung_check(tmp_
     assert rc == 0 and "state=drain" in calls and "no answer within 1s" in calls
 
 
-def run_node_setup(root: Path, *args: str):
-    env = {**os.environ, "NODE_ROOT": str(root), "LOG_DIR": str(root / "log")}
+def run_node_setup(root: Path, *args: str, node_type: str = "ComputeFleet"):
+    """node_setup.sh on a stand-in node: its cfnconfig, and iptables recording the rules it would enforce."""
+    cfnconfig = root / "etc/parallelcluster/cfnconfig"
+    cfnconfig.parent.mkdir(parents=True, exist_ok=True)
+    cfnconfig.write_text(f"cfn_node_type={node_type}\ncfn_cluster_user=ec2-user\n")
+    env = {**os.environ, "NODE_ROOT": str(root), "LOG_DIR": str(root / "log"),
+           "IPTABLES": str(REPO / "local_cluster/stand_ins/iptables")}
     return subprocess.run(["bash", str(SCRIPTS / "node_setup.sh"), *args], capture_output=True, text=True, env=env)
+
+
+def test_node_setup_keeps_the_instance_credentials_from_every_user_but_root_and_the_cluster_user(tmp_path):
+    """A model's job must not reach the node role (it could write every model's prefixes): only root, which
+    hands each model's user its own role (model_credentials.sh), and the cluster's user reach the metadata service."""
+    for _ in range(2):  # a rerun rebuilds the chain, and hooks it into OUTPUT once
+        proc = run_node_setup(tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    rules = (tmp_path / "etc/llm/iptables.rules").read_text().splitlines()
+    chain = ["-A LLM_IMDS -m owner --uid-owner 0 -j ACCEPT", "-A LLM_IMDS -m owner --uid-owner ec2-user -j ACCEPT",
+             "-A LLM_IMDS -j REJECT"]
+    assert rules == ["-N LLM_IMDS", *chain, "-A OUTPUT -d 169.254.169.254 -j LLM_IMDS", "-N LLM_IMDS", *chain]
+    # The head node keeps ParallelCluster's own Imds.Secured (root and its daemons only), untouched.
+    head = tmp_path / "head"
+    assert run_node_setup(head, node_type="HeadNode").returncode == 0
+    assert not (head / "etc/llm/iptables.rules").exists()
 
 
 def test_node_setup_runs_idempotently_and_leaves_job_environment_to_jobs_env(tmp_path):
