@@ -53,7 +53,7 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int, usr1_lead_
 #   bash jobs/submit.sh {model.name} [...]      the same, after checking its data on this node
 # Each directive is explained in jobs/train.sh, which runs the job.
 #SBATCH --job-name={model.name}
-#SBATCH --nodes={model.nodes}
+#SBATCH --nodes={model.nodes + model.hot_spares}
 #SBATCH --account={model.name}
 #SBATCH --qos={model.name}
 #SBATCH --output={settings.storage.logs.mount_dir}/{model.name}/%x_%j.out
@@ -65,9 +65,11 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int, usr1_lead_
 #SBATCH --time-min={time_min_s // 60}
 #SBATCH --signal=USR1@{usr1_lead_s}
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 set -euo pipefail
 export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{TIME_LIMIT}}}"  # --time above, for train.sh's requeue
+export TRAIN_NODES="${{TRAIN_NODES:-{model.nodes}}}"  # of --nodes above, those that train; the others are hot spares
 exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {model.name} "$@"
 """
 

@@ -30,7 +30,9 @@
 #                              saving at once as at a Capacity Block's end (prod: 2 x 248 s at 7 GB/s
 #                              FSx + 120 s: 660 s) + Slurm's up-to-60 s delivery jitter
 #                              (cluster_config/slurm_timeouts.py)
-#   --requeue                  allows `scontrol requeue` (below) and requeue after a node failure
+#   --requeue                  allows `scontrol requeue` (below) and requeue after the batch node's failure
+#   --no-kill                  a failed node does not end the allocation: Slurm kills the step on it and takes
+#                              it out of the job, and this script relaunches training on the nodes left (below)
 #   --open-mode=append         a requeued job appends to the same log files instead of truncating
 #   --output/--error           /fsx/logs/<model>/%x_%j.{out,err}; Slurm cannot expand variables
 #                              there and does not create the folder (the node setup does, see
@@ -40,17 +42,22 @@
 # TRAIN_TIME_LIMIT (the model script's --time, given back to the job when it requeues itself),
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
-# MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 requeues after
-# failures within 24 h; see training/resilience/recovery.py),
+# TRAIN_NODES (how many of the allocation's nodes train; default all: the others are hot spares),
+# MAX_RELAUNCHES (in-job relaunches per allocation before a requeue; default 3),
+# MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 relaunches or requeues
+# after failures within 24 h; see training/resilience/recovery.py),
+# RELAUNCH_PROBE_S (seconds a node has to answer the health probe before a relaunch; default 20),
 # CHECKPOINT_S3_URI (s3://bucket/prefix to back the final checkpoint up to; none: no backup),
 # TRAIN_LAUNCHER (a command, split on spaces, that each node runs with the trainer's arguments instead
 # of torchrun + training.train: the goodput simulation's torch-free stand-in, docs/goodput.md).
 # When training completes, the backup runs as a CPU job of its own (jobs/backup.sh) after this one.
 #
 # Recovery (docs/training.md, "What happens when..."): a failed training step (a rank killed, a
-# collective error, the progress watchdog, a lost node) requeues the job, which resumes from
-# `latest`, while the retry budget lasts; a user error (exit 2: config, data) stops it. A requeued
-# job runs the code and config snapshot taken at its first start.
+# collective error, the progress watchdog, a lost node) is started again at once in this job, on
+# TRAIN_NODES of the allocation's nodes still healthy, resuming from `latest`; with the relaunches
+# spent or too few healthy nodes left, the job requeues itself; either while the retry budget lasts.
+# A user error (exit 2: config, data) stops it. A requeued job runs the code and config snapshot
+# taken at its first start. The node running this script is not replaceable: its loss ends the job.
 set -euo pipefail
 
 (($#)) || { echo "error: no model given — usage: train.sh MODEL [--config FILE] [section.key=value ...]" >&2; exit 2; }
@@ -110,9 +117,17 @@ if [[ ${RUNNING_SNAPSHOT:-} != "$SNAPSHOT" ]]; then
     exec bash "$SNAPSHOT/jobs/train.sh" "$MODEL" "${args[@]}"
 fi
 
-# c10d rendezvous on the first node of the allocation; every torchrun joins it.
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
+# Nodes: TRAIN_NODES of the allocation's train; the others are hot spares, which a relaunch takes in place
+# of a lost or suspect node without waiting for Slurm.
+mapfile -t allocation < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+TRAIN_NODES="${TRAIN_NODES:-${#allocation[@]}}"
+if [[ ! $TRAIN_NODES =~ ^[1-9][0-9]*$ ]] || ((TRAIN_NODES > ${#allocation[@]})); then
+  echo "error: TRAIN_NODES=$TRAIN_NODES: 1 to the allocation's ${#allocation[@]} nodes" >&2
+  exit 2
+fi
+train_nodes=("${allocation[@]:0:TRAIN_NODES}")
 RDZV_PORT="${RDZV_PORT:-29500}"
+RELAUNCH_PROBE_S="${RELAUNCH_PROBE_S:-20}"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   NPROC_PER_NODE="$(nvidia-smi -L | grep -c '^GPU')"
 else
@@ -132,9 +147,6 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --config=*) used_config=${args[i]#--config=} ;;
   esac
 done
-echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $MODEL on ${SLURM_NNODES} nodes x ${NPROC_PER_NODE}" \
-  "workers ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$RDZV_PORT, config $used_config, arguments: ${*:-none}"
-python -m training.resilience.recovery start "$LOG_DIR"  # a "launch" event with SLURM_RESTART_COUNT in metrics.jsonl
 
 # Hang evidence: the collectives flight recorder (NCCL on GPUs, gloo on CPUs) keeps each rank's last
 # collectives; the progress watchdog dumps it with the Python stacks, and NCCL itself dumps it to
@@ -154,9 +166,43 @@ KILL_WAIT="${KILL_WAIT:-30}"
 # Steps run their command through this: the launcher (torchrun, nvidia-smi) ignores SIGUSR1, which
 # would otherwise kill it; the training workers install their own handler over the inherited one.
 ignore_usr1=(bash -c 'trap "" USR1; exec "$@"' ignore-usr1)
+# The training step's tasks also say on shared storage that their launcher failed: srun waits for every node's
+# tasks, and a node that died cannot answer until Slurm declares it down (SlurmdTimeout: minutes on AWS).
+# STEP_GRACE_S after that mark, this script kills what is left of the step and lets srun go. (The wrapper
+# ignores SIGTERM itself, so that it outlives torchrun, which handles it, and reports its exit code; it runs
+# TRAIN_COMMAND, so that torchrun stays the only process with the launcher on its command line.)
+# shellcheck disable=SC2016  # expanded in the task
+train_task=(bash -c 'trap "" USR1 TERM; eval "$TRAIN_COMMAND" && exit 0; rc=$?; echo "$SLURM_STEP_ID" >"$STEP_FAILED_MARK"; exit "$rc"' train-task)
+STEP_GRACE_S=10
+export STEP_FAILED_MARK="$LOG_DIR/.step-failed.$SLURM_JOB_ID"
+watcher_pid=""
+watch_step() {  # watch_step SRUN_PID, in the background
+  while [[ ! -s $STEP_FAILED_MARK ]]; do sleep 1; done
+  sleep "$STEP_GRACE_S"
+  local step
+  step="$SLURM_JOB_ID.$(cat "$STEP_FAILED_MARK")"
+  echo "step $step failed and srun still waits after ${STEP_GRACE_S} s (a node that does not answer): killing the step" >&2
+  scancel --signal=KILL "$step" 2>/dev/null || true
+  sleep 2
+  kill -KILL "$1" 2>/dev/null || true
+}
+stop_watcher() {
+  if [[ -n $watcher_pid ]]; then
+    kill "$watcher_pid" 2>/dev/null || true
+    wait "$watcher_pid" 2>/dev/null || true
+    watcher_pid=""
+  fi
+}
 
-# GPU monitor: one CSV per node every 60 s, as a step beside training; stopped when training ends.
+# GPU monitor: one CSV per training node every 60 s, as a step beside training; stopped when training ends.
 monitor_pid=""
+start_monitor() {
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  srun --overlap --nodes="$TRAIN_NODES" --ntasks="$TRAIN_NODES" --nodelist="$1" --output="$LOG_DIR/gpu_%j_%N.csv" \
+    "${ignore_usr1[@]}" nvidia-smi --format=csv -l 60 \
+    --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,power.draw,temperature.gpu &
+  monitor_pid=$!
+}
 stop_monitor() {
   if [[ -n $monitor_pid ]]; then
     kill "$monitor_pid" 2>/dev/null || true
@@ -164,64 +210,168 @@ stop_monitor() {
     monitor_pid=""
   fi
 }
-trap stop_monitor EXIT
-if command -v nvidia-smi >/dev/null 2>&1; then
-  srun --overlap --ntasks-per-node=1 --output="$LOG_DIR/gpu_%j_%N.csv" "${ignore_usr1[@]}" \
-    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,power.draw,temperature.gpu \
-    --format=csv -l 60 &
-  monitor_pid=$!
-fi
+# --no-kill keeps the allocation when a node fails, this script's own node too: Slurm (22.05) takes it out of
+# the job and leaves the job RUNNING with nothing to run it, where without --no-kill it would requeue it. So a
+# guard step on another node of the job requeues the job when this node has left it (Slurm's verdict, after
+# SlurmdTimeout; a recovery event in metrics.jsonl, counted against the retry budget like any requeue).
+guard_pid=""
+# shellcheck disable=SC2016  # expanded in the guard's task
+guard='trap "" USR1  # the time limit signals the workers, not this
+while sleep 10; do
+  job="$(scontrol show job -o "$SLURM_JOB_ID")" || continue
+  [[ $job == *JobState=RUNNING* ]] || exit 0
+  batch=${job##* BatchHost=} nodes=${job##* NodeList=}
+  if ! scontrol show hostnames "${nodes%% *}" | grep -qx "${batch%% *}"; then
+    echo "the node running the batch script, ${batch%% *}, was lost: requeueing job $SLURM_JOB_ID" >>"$GUARD_LOG"
+    printf "{\"event\": \"recovery\", \"time\": %s, \"job\": \"%s\", \"restart_count\": %s, \"cause\": \"the batch node %s was lost\", \"action\": \"requeue\"}\n" \
+      "$EPOCHSECONDS" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${batch%% *}" >>"$LOG_DIR/metrics.jsonl"
+    exec scontrol requeue "$SLURM_JOB_ID"
+  fi
+done'
+start_guard() {  # start_guard NODE: on a node other than this one
+  stop_guard
+  [[ -n $1 ]] || return 0
+  # Its line goes straight to the job's log (srun's own output would be cut off by the requeue).
+  LOG_DIR="$LOG_DIR" GUARD_LOG="$SLURM_STDERR" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" --quiet \
+    --open-mode=append --error="$SLURM_STDERR" --output=/dev/null bash -c "$guard" &
+  guard_pid=$!
+}
+stop_guard() {
+  if [[ -n $guard_pid ]]; then
+    kill "$guard_pid" 2>/dev/null || true
+    wait "$guard_pid" 2>/dev/null || true
+    guard_pid=""
+  fi
+}
+SLURM_STDERR="$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' StdErr=[^ ]*' | cut -d= -f2 || true)"
+SLURM_STDERR="${SLURM_STDERR:-/dev/null}"
+trap 'stop_monitor; stop_watcher; stop_guard' EXIT
 
 # scancel and the time limit send SIGTERM here too: remember it, and keep waiting while the
 # workers save (they got it as well), instead of dying and leaving srun behind.
 cancelled=0
-trap 'cancelled=1; echo "SIGTERM: waiting for the workers to save"' TERM
+trap 'cancelled=1; stop_watcher; echo "SIGTERM: waiting for the workers to save"' TERM
 
-rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
-# --kill-on-bad-exit: a failed node (a killed rank) ends the whole step at once instead of
-# leaving the others blocked in a collective until the timeout.
-launcher=(torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" --shutdown-timeout="$KILL_WAIT"
-  --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$RDZV_PORT" -m training.train)
-if [[ -n ${TRAIN_LAUNCHER:-} ]]; then read -ra launcher <<<"$TRAIN_LAUNCHER"; fi
-srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" "${container[@]}" "${ignore_usr1[@]}" \
-  "${launcher[@]}" --config "$CONFIG" --model "$MODEL" "$@" &
-train_pid=$!
-rc=0
-wait "$train_pid" || rc=$?
-while kill -0 "$train_pid" 2>/dev/null; do  # a trapped signal interrupted wait: wait again
+# The allocation's nodes a relaunch may train on, in its order: still in the job (Slurm takes a failed node
+# out of a --no-kill job), not down, drained, failing or not responding, and answering a probe step within
+# RELAUNCH_PROBE_S (a node Slurm has not yet found dead) that finds neither a node_suspect report
+# (training/resilience/node_suspect.py: the epilog drains that node when the job ends) nor a failing node
+# health check (HEALTH_CONF's, as the prolog runs it, where the node has one: by default llm/health.conf beside
+# Slurm's own config, /opt/slurm/etc/llm/health.conf on ParallelCluster).
+healthy_nodes() {
+  local job_nodes node state i candidates=() pids=()
+  job_nodes="$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' NodeList=[^ ]*' | cut -d= -f2 || true)"
+  [[ -n $job_nodes ]] || return 0
+  while read -r node state; do
+    if [[ $state =~ ^(allocated|mixed|idle|completing)$ ]]; then candidates+=("$node"); else echo "node $node left out: $state" >&2; fi
+  done < <(sinfo -h -N -p "$SLURM_JOB_PARTITION" -n "$job_nodes" -o '%N %T')
+  # shellcheck disable=SC2016  # expanded on the node
+  local probe='[[ ! -e ${NODE_SUSPECT_DIR:-/dev/shm}/llm-node-suspect.$SLURM_JOB_ID ]] || { echo "reported suspect by a rank"; exit 1; }
+    conf="${HEALTH_CONF:-$(dirname "${SLURM_CONF:-/opt/slurm/etc/slurm.conf}")/llm/health.conf}"; [[ -f $conf ]] || exit 0
+    set -a; source "$conf"; set +a; exec "${HEALTH_CHECK:-/opt/slurm/etc/llm/node_health.sh}"'
+  local out="$LOG_DIR/.probe.$SLURM_JOB_ID" why
+  for node in "${candidates[@]}"; do
+    timeout "$RELAUNCH_PROBE_S" srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" --quiet bash -c "$probe" \
+      >"$out.$node" 2>"$out.$node.err" &
+    pids+=($!)
+  done
+  for i in "${!candidates[@]}"; do
+    node=${candidates[i]}
+    if wait "${pids[i]}"; then
+      echo "$node"
+    else  # the check's last line, else srun's, else silence
+      why="$(tail -n1 "$out.$node")"
+      why="${why:-$(tail -n1 "$out.$node.err")}"
+      echo "node $node left out: ${why:-no answer within ${RELAUNCH_PROBE_S} s}" >&2
+    fi
+    rm -f "$out.$node" "$out.$node.err"
+  done
+}
+
+relaunch=0
+while true; do
+  nodelist="$(IFS=,; echo "${train_nodes[*]}")"
+  # c10d rendezvous on the first training node, which every torchrun joins; a relaunch gets a fresh id and
+  # port, so that nothing left of the failed round (a torchrun on a dying node) can join or answer it.
+  master_addr=${train_nodes[0]}
+  rdzv_port=$((RDZV_PORT + relaunch))
+  spares=$((${#allocation[@]} - TRAIN_NODES))
+  echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}, relaunch $relaunch): $MODEL on $TRAIN_NODES nodes x" \
+    "${NPROC_PER_NODE} workers ($nodelist$( ((spares)) && echo "; $spares more in the allocation")), rendezvous" \
+    "$master_addr:$rdzv_port, config $used_config, arguments: ${*:-none}"
+  # a "launch" event with SLURM_RESTART_COUNT, the relaunch and the nodes in metrics.jsonl
+  python -m training.resilience.recovery start "$LOG_DIR" --relaunch "$relaunch" --nodes "$nodelist"
+  start_monitor "$nodelist"
+  if [[ -z $guard_pid ]] || ! kill -0 "$guard_pid" 2>/dev/null; then  # started once; again if its node was lost
+    start_guard "$(scontrol show hostnames "$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' NodeList=[^ ]*' | cut -d= -f2)" \
+      | grep -vx "${SLURMD_NODENAME:-$(hostname -s)}" | head -n1 || true)"
+  fi
+
+  rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE" "$STEP_FAILED_MARK"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
+  launcher=(torchrun --nnodes="$TRAIN_NODES" --nproc-per-node="$NPROC_PER_NODE" --shutdown-timeout="$KILL_WAIT"
+    --rdzv-id="$SLURM_JOB_ID-$relaunch" --rdzv-backend=c10d --rdzv-endpoint="$master_addr:$rdzv_port" -m training.train)
+  if [[ -n ${TRAIN_LAUNCHER:-} ]]; then read -ra launcher <<<"$TRAIN_LAUNCHER"; fi
+  # --kill-on-bad-exit: a failed node (a killed rank) ends the whole step at once instead of leaving the
+  # others blocked in a collective until the timeout. --overlap: a failed step still holds the CPUs of the
+  # surviving nodes until Slurm hears from every node of it (a lost node: SlurmdTimeout); the relaunch
+  # need not wait for that (the allocation is exclusive, nothing else runs there).
+  TRAIN_COMMAND="$(printf '%q ' "${launcher[@]}" --config "$CONFIG" --model "$MODEL" "$@")" \
+    srun --nodes="$TRAIN_NODES" --ntasks="$TRAIN_NODES" --nodelist="$nodelist" --overlap --kill-on-bad-exit=1 \
+    --cpus-per-task="$SLURM_CPUS_ON_NODE" "${container[@]}" "${train_task[@]}" &
+  train_pid=$!
+  watch_step "$train_pid" &
+  watcher_pid=$!
   rc=0
   wait "$train_pid" || rc=$?
-done
-stop_monitor
+  while kill -0 "$train_pid" 2>/dev/null; do  # a trapped signal interrupted wait: wait again
+    rc=0
+    wait "$train_pid" || rc=$?
+  done
+  ended_at=$EPOCHREALTIME
+  stop_watcher
+  stop_monitor
+  rm -f "$STEP_FAILED_MARK"
 
-status="$(cat "$CKPT_DIR/STATUS" 2>/dev/null || echo none)"
-echo "training ended: srun exit $rc, status $status"
-# scancel (and the time limit) signal the steps and this shell apart: srun can end first and the trap
-# fire only later (it once did after decide, and the cancelled job was requeued). Slurm marks the job
-# COMPLETING before it signals anything, so a job being ended is seen either way: never requeued.
-if ((cancelled)) || [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *JobState=COMPLETING* ]]; then
-  echo "the job is being ended (scancel or its time limit): not requeued"
-  exit "$rc"
-fi
-# complete | requeue | user-error | give-up, with the reason on stderr and an event in metrics.jsonl.
-action="$(python -m training.resilience.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" --reason-file "$TRAIN_FAILURE_FILE")"
-case $action in
-  requeue)
-    # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored
-    # (children inherit it) so the limit's restore below is not cut off; SIGKILL only comes after KillWait.
-    trap '' TERM
-    scontrol requeue "$SLURM_JOB_ID"
-    # A limit Slurm cut to fit before a reservation (--time-min) stays cut across the requeue, and every
-    # restart would stop as early; a pending job's owner may raise it again (up to the partition's
-    # MaxTime), so the next run gets the whole limit unless a reservation cuts it anew.
-    if [[ -n ${TRAIN_TIME_LIMIT:-} ]]; then
-      scontrol update JobId="$SLURM_JOB_ID" TimeLimit="$TRAIN_TIME_LIMIT" \
-        || echo "WARNING: the requeued job keeps its time limit; restore it: scontrol update JobId=$SLURM_JOB_ID TimeLimit=$TRAIN_TIME_LIMIT" >&2
-    fi
-    exit 0 ;;
-  user-error) exit 2 ;;
-  give-up) exit $((rc ? rc : 1)) ;;
-esac
+  status="$(cat "$CKPT_DIR/STATUS" 2>/dev/null || echo none)"
+  echo "training ended: srun exit $rc, status $status"
+  # scancel (and the time limit) signal the steps and this shell apart: srun can end first and the trap
+  # fire only later (it once did after decide, and the cancelled job was requeued). Slurm marks the job
+  # COMPLETING before it signals anything, so a job being ended is seen either way: never requeued.
+  if ((cancelled)) || [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *JobState=COMPLETING* ]]; then
+    echo "the job is being ended (scancel or its time limit): not requeued"
+    exit "$rc"
+  fi
+  up=()  # probed only after a failure that a relaunch may follow (not a user error's)
+  if { ((rc)) || [[ $status == none ]]; } && [[ $(cat "$TRAIN_FAILURE_FILE" 2>/dev/null) != user:* ]]; then
+    mapfile -t up < <(healthy_nodes)
+  fi
+  # complete | relaunch | requeue | user-error | give-up, with the reason on stderr and an event in metrics.jsonl.
+  action="$(python -m training.resilience.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" \
+    --reason-file "$TRAIN_FAILURE_FILE" --nodes-up "${#up[@]}" --train-nodes "$TRAIN_NODES" --ended-at "$ended_at")"
+  case $action in
+    relaunch)
+      if ((cancelled)); then echo "the job is being ended (scancel or its time limit): not relaunched"; exit "$rc"; fi
+      train_nodes=("${up[@]:0:TRAIN_NODES}")
+      relaunch=$((relaunch + 1))
+      continue ;;
+    requeue)
+      # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored
+      # (children inherit it) so the limit's restore below is not cut off; SIGKILL only comes after KillWait.
+      trap '' TERM
+      scontrol requeue "$SLURM_JOB_ID"
+      # A limit Slurm cut to fit before a reservation (--time-min) stays cut across the requeue, and every
+      # restart would stop as early; a pending job's owner may raise it again (up to the partition's
+      # MaxTime), so the next run gets the whole limit unless a reservation cuts it anew.
+      if [[ -n ${TRAIN_TIME_LIMIT:-} ]]; then
+        scontrol update JobId="$SLURM_JOB_ID" TimeLimit="$TRAIN_TIME_LIMIT" \
+          || echo "WARNING: the requeued job keeps its time limit; restore it: scontrol update JobId=$SLURM_JOB_ID TimeLimit=$TRAIN_TIME_LIMIT" >&2
+      fi
+      exit 0 ;;
+    user-error) exit 2 ;;
+    give-up) exit $((rc ? rc : 1)) ;;
+  esac
+  break
+done
 
 # Complete: the final checkpoint is backed up by a CPU job that starts once this job has ended
 # successfully (afterok), so the GPU nodes are released now rather than after a ~1 TB upload.

@@ -53,10 +53,12 @@ first open would read the dataset once per reader, ranks x workers times.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
 import signal
+import sys
 import tarfile
 from collections import OrderedDict
 from pathlib import Path
@@ -260,11 +262,22 @@ class _BatchStream(IterableDataset):
 WORKER_SIGTERM_GRACE_S = 30
 
 
-def _ignore_sigterm(worker_id: int) -> None:
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+
+
+def _init_worker(worker_id: int) -> None:
     """Workers outlive a SIGTERM (scancel, the time limit; Slurm signals every process of the step)
     for a while: torch makes it kill them at once, and the trainer would then die on its next batch
-    instead of finishing the step and saving. They still end: SIGALRM's default action, 30 s later."""
+    instead of finishing the step and saving. They still end: SIGALRM's default action, 30 s later.
+    And they die with the trainer (Linux's parent-death signal): a trainer that fails leaves with
+    ``os._exit``, and torch's own check of the parent, every 5 s, kept the node's launcher waiting that long
+    before it could report the failure and the job relaunch the step (docs/training.md)."""
+    trainer = os.getppid()
     signal.signal(signal.SIGTERM, lambda signum, frame: signal.alarm(WORKER_SIGTERM_GRACE_S))
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != trainer:  # the trainer died before the call: do not outlive it
+            os._exit(1)
 
 
 class TokenLoader:
@@ -329,7 +342,7 @@ class TokenLoader:
     def __iter__(self):
         stream = _BatchStream(self.meta, self._shards, self.plan, self._next)
         extra = {"prefetch_factor": self.prefetch_factor, "timeout": self.timeout_s,
-                 "worker_init_fn": _ignore_sigterm} if self.num_workers else {}
+                 "worker_init_fn": _init_worker} if self.num_workers else {}
         loader = DataLoader(stream, batch_size=None, num_workers=self.num_workers, **extra)
         shape = (self.batch_size, self.meta.sample_tokens)
         for raw in loader:

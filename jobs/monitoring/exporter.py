@@ -62,7 +62,7 @@ METRICS = {
     "llm_training_last_checkpoint_timestamp_seconds": ("gauge", "Mtime of the checkpoint latest names (0: none)."),
     "llm_training_last_checkpoint_step": ("gauge", "Step of the checkpoint latest names (0: none)."),
     "llm_training_checkpoint_interval_seconds": ("gauge", "Expected time between checkpoint saves."),
-    "llm_training_recoveries_total": ("counter", "Unplanned recoveries (requeues after a failure)."),
+    "llm_training_recoveries_total": ("counter", "Unplanned recoveries (relaunches in the job and requeues after a failure)."),
     "llm_training_last_failure_timestamp_seconds": ("gauge", "Time of the last unplanned failure (0: none)."),
     "llm_training_job_running": ("gauge", "1 if a Slurm job named after the model is RUNNING."),
     "llm_training_job_pending": ("gauge", "1 if one is PENDING, REQUEUED or CONFIGURING."),
@@ -176,7 +176,7 @@ class RunLog:
             action = record.get("action")
             if not record.get("planned"):
                 self.last_failure = max(self.last_failure, when or 0.0)
-                if action == "requeue":
+                if action in ("requeue", "relaunch"):  # in the job or by a requeue: either is a recovery
                     self.recoveries += 1
             self.ending = None
             if action == "stop":

@@ -9,8 +9,10 @@ Reads only what the jobs leave behind, so it is safe to run at any time from the
 - Slurm (``squeue``, ``scontrol``; monitoring/slurm.py): the model's job (named after the model), its
   state and restarts;
 - ``<logs>/<model>/metrics.jsonl``: step, loss, val_loss, tokens/s, MFU, step time; ``start``
-  events (each resume from a checkpoint is one recovery, whether Slurm requeued the job or someone
-  resubmitted it); device time per interval;
+  events (each resume from a checkpoint is one recovery, whether the job relaunched training in its
+  own allocation, Slurm requeued the job or someone resubmitted it) and ``recovery`` events (``in-job``:
+  how many of them were relaunches inside the running job, same job id, no requeue); device time per
+  interval;
 - the newest ``<logs>/<model>/<model>_<job>.err`` (or ``.out``): the resolved config the run logged
   (total steps);
 - ``<checkpoints>/<model>/latest`` and ``STATUS``: the last complete checkpoint and its age;
@@ -65,11 +67,17 @@ class ModelStatus:
     run_status: str = "-"  # STATUS written by the trainer: complete | stopped
     backup: str = "-"
     resumes: int = 0  # starts that resumed from a checkpoint
+    relaunches: int = 0  # of the recoveries, those inside the running job (recovery events with action relaunch)
     started_at: float | None = None  # epoch time of the run's first launch (or start)
     device_hours: float = 0.0
     dollars: float | None = None
     history: list[dict] = field(default_factory=list, repr=False)  # training records
     evals: list[dict] = field(default_factory=list, repr=False)  # validation records
+
+    @property
+    def recoveries(self) -> int:
+        """Resumes of every kind: a relaunch in the job, a requeue (Slurm's restarts), a resubmission."""
+        return max(self.resumes, self.restarts + self.relaunches)
 
     @property
     def eta_s(self) -> float | None:
@@ -103,6 +111,7 @@ def summarize_metrics(status: ModelStatus, records: list[dict]) -> None:
         status.val_loss = evals[-1]["val_loss"]
     status.evals = evals
     status.resumes = sum(1 for r in records if r.get("event") == "start" and r.get("resumed"))
+    status.relaunches = sum(1 for r in records if r.get("event") == "recovery" and r.get("action") == "relaunch")
     starts = [r["time"] for r in records if r.get("event") in ("launch", "start") and "time" in r]
     status.started_at = min(starts, default=None)
     # Device time: each interval's steps x step time (+ checkpoint blocking) x the run's ranks.
@@ -250,7 +259,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 def format_table(statuses: list[ModelStatus]) -> str:
     header = (f"{'model':<8} {'job':<18} {'step':>13} {'loss':>7} {'val_loss':>8} {'tokens/s':>10} {'MFU%':>5} "
-              f"{'ETA':>6} {'checkpoint':<14} {'age':>5} {'backup':<20} {'recov':>5} {'dev-h':>8} {'$':>9}")
+              f"{'ETA':>6} {'checkpoint':<14} {'age':>5} {'backup':<20} {'recov':>5} {'in-job':>6} {'dev-h':>8} {'$':>9}")
     lines = [header]
     for s in statuses:
         job = s.job if s.job != "-" else f"- ({s.run_status})" if s.run_status != "-" else "-"
@@ -258,7 +267,7 @@ def format_table(statuses: list[ModelStatus]) -> str:
             f"{s.name:<8} {job:<18} {f'{s.step}/{s.total_steps}':>13} {_num(s.loss, '.4f'):>7} "
             f"{_num(s.val_loss, '.4f'):>8} {_num(s.tokens_per_s, ',.0f'):>10} {_num(s.mfu_pct, '.1f'):>5} "
             f"{_duration(s.eta_s):>6} {s.checkpoint:<14} {_duration(s.checkpoint_age_s):>5} {s.backup:<20} "
-            f"{max(s.resumes, s.restarts):>5} {s.device_hours:>8,.1f} {_num(s.dollars, ',.0f'):>9}")
+            f"{s.recoveries:>5} {s.relaunches:>6} {s.device_hours:>8,.1f} {_num(s.dollars, ',.0f'):>9}")
     return "\n".join(lines)
 
 

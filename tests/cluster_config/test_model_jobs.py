@@ -160,5 +160,22 @@ def test_cli_writes_the_files_and_the_model_list(tmp_path):
     result = subprocess.run([sys.executable, "-m", "cluster_config", "jobs", "--env", "dev", "--out", str(tmp_path),
                              "--model-list", str(tmp_path / "list")], capture_output=True, text=True, check=True)
     assert f"wrote {tmp_path}/train_model2.sh" in result.stdout
-    assert (tmp_path / "list").read_text() == "model1 2\nmodel2 1\n"
+    roles = "arn:aws:iam::111111111111:role/llm-models/llm-dev/llm-dev-"  # each model's role (stacks/model_roles.py)
+    assert (tmp_path / "list").read_text() == f"model1 2 {roles}model1\nmodel2 1 {roles}model2\n"
     assert (tmp_path / "train_model1.sh").stat().st_mode & 0o111
+
+
+def test_hot_spares_join_the_models_allocation_and_its_share_but_do_not_train(tmp_path):
+    """models.<m>.hot_spares: the job holds them (--nodes, the QOS share) and trains on the others (TRAIN_NODES)."""
+    from cluster_config.render import models_file
+
+    settings = load_settings("prod")
+    spared = settings.model_copy(update={"models": [settings.models[0].model_copy(update={"hot_spares": 1}),
+                                                    *settings.models[1:]]})
+    model = spared.models[0]
+    write_job_files(spared, tmp_path)
+    script = (tmp_path / f"train_{model.name}.sh").read_text()
+    assert directives(script)["nodes"] == str(model.nodes + 1)
+    assert f'export TRAIN_NODES="${{TRAIN_NODES:-{model.nodes}}}"' in script
+    share = next(line.split() for line in models_file(spared).splitlines() if line.startswith(f"{model.name} "))
+    assert share[1] == str(model.nodes + 1)  # node_scripts/slurm_accounts.sh: its QOS's GrpTRES node count

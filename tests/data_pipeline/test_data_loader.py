@@ -3,6 +3,10 @@
 import itertools
 import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,8 @@ import torch
 from data_pipeline import loader as loader_mod
 from data_pipeline.loader import DatasetError, TokenLoader, check_compatible, read_dataset_meta
 from dp_helpers import SEQ_LEN, record_shard_checksums, run_module
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def all_sequences(meta):
@@ -274,3 +280,42 @@ def test_a_stalled_worker_is_an_error_after_the_timeout_not_a_silent_wait(dp_dat
         batches.close()
         del batches
         gc.collect()
+
+
+def test_workers_die_with_the_trainer(dp_dataset, tmp_path):
+    """A trainer that fails leaves at once (os._exit, or SIGKILL here): its loader workers go with it, so the
+    node's launcher sees the failure without waiting for torch's 5-second check of the parent."""
+    trainer = subprocess.Popen([sys.executable, "-c", f"""
+import sys
+sys.path.insert(0, {str(REPO / "jobs")!r})
+from data_pipeline.loader import TokenLoader
+batches = iter(TokenLoader({str(dp_dataset.path)!r}, batch_size=2, seq_len={SEQ_LEN}, num_workers=2))
+next(batches)
+print("ready", flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert trainer.stdout.readline() == "ready\n"
+    workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+               if _parent(p) == trainer.pid]
+    assert len(workers) == 2
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 2  # torch's own check of the parent comes every 5 s
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _parent(stat: Path) -> int:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -86,13 +86,16 @@ def train(log_dir: Path, steps: range, t_end: float, *, step_time: float = 1.0, 
     append(log_dir, *records)
 
 
-def decide(log_dir: Path, job: str, t: float, *, exit_code: int = 1, status: str = "none", reason: str = "") -> str:
-    """training.resilience.recovery's decision after the trainer ended (it writes the recovery event)."""
+def decide(log_dir: Path, job: str, t: float, *, exit_code: int = 1, status: str = "none", reason: str = "",
+           relaunch: bool = False) -> str:
+    """training.resilience.recovery's decision after the trainer ended (it writes the recovery event);
+    ``relaunch``: the job's nodes are all healthy, and it may start the step again itself."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SLURM_JOB_ID", job)
         env.setenv("SLURM_JOB_NODELIST", "gpu-st-p5e-[1-2]")
         action, _ = recovery.decide(log_dir, exit_code=exit_code, status=status, reason=reason, max_recoveries=2,
-                                    window_hours=24, now=t)
+                                    window_hours=24, now=t, **({"max_relaunches": 3, "nodes_up": 2, "train_nodes": 2}
+                                                               if relaunch else {}))
     return action
 
 
@@ -171,12 +174,14 @@ def site(tmp_path_factory) -> Path:
     logged_config(m2, "102", steps=500, every=50)
     checkpoint(ckpts / "model2", 100, 500)  # 1,150 bytes
 
-    # model3: two recoveries, then the third failure spends the retry budget (2): no job left.
+    # model3: two recoveries (a relaunch in the job, then a requeue), then the third failure spends the retry
+    # budget (2): no job left.
     m3 = logs / "model3"
     for attempt in range(3):
         launch(m3, "103", NOW - 6 * HOUR + attempt * HOUR, step=attempt * 50)
         train(m3, range(attempt * 50 + 10, attempt * 50 + 60, 10), NOW - 6 * HOUR + attempt * HOUR + 1200)
-        assert decide(m3, "103", NOW - 6 * HOUR + attempt * HOUR + 1300) == ["requeue", "requeue", "give-up"][attempt]
+        assert decide(m3, "103", NOW - 6 * HOUR + attempt * HOUR + 1300,
+                      relaunch=attempt == 0) == ["relaunch", "requeue", "give-up"][attempt]
     checkpoint(ckpts / "model3", 100, 300)  # 750 bytes
 
     # model4: stopped at its time limit (planned), then failed once: requeued, its job pending.

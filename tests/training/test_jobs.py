@@ -45,12 +45,14 @@ def test_common_directives_are_identical_and_safe(scripts):
     common = [{k: v for k, v in directives(p).items() if k not in per_model} for p in scripts]
     assert len(scripts) == 9 and all(c == common[0] for c in common)  # prod's seven, dev's two
     c = common[0]
-    assert {"exclusive", "requeue"} <= set(c) and c["open-mode"] == "append" and c["ntasks-per-node"] == "1"
+    assert {"exclusive", "requeue", "no-kill"} <= set(c) and c["open-mode"] == "append" and c["ntasks-per-node"] == "1"
     for path in scripts:
         lead = int(re.fullmatch(r"USR1@(\d+)", directives(path)["signal"]).group(1))  # not B:, so the workers get it
         assert lead >= 600
     for path in scripts:  # thin: directives, then hand over to train.sh with the model name
         body = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        nodes = directives(path)["nodes"]  # no hot spares in these settings: every node trains
         assert body == ["set -euo pipefail",
                         f'export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{c["time"]}}}"  # --time above, for train.sh\'s requeue',
+                        f'export TRAIN_NODES="${{TRAIN_NODES:-{nodes}}}"  # of --nodes above, those that train; the others are hot spares',
                         f'exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {path.stem[6:]} "$@"']

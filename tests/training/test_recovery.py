@@ -1,4 +1,4 @@
-"""How a training step's ending is classified: complete, requeue (within the budget), user error, give up."""
+"""How a training step's ending is classified: complete, relaunch or requeue (within the budget), user error, give up."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ def job(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
 
 
-def decide(log_dir, *, exit_code=1, status="none", reason="", now=100 * HOUR, budget=2):
+def decide(log_dir, *, exit_code=1, status="none", reason="", now=100 * HOUR, budget=2, relaunches=0, nodes_up=2,
+           train_nodes=2):
     return recovery.decide(log_dir, exit_code=exit_code, status=status, reason=reason, max_recoveries=budget,
-                           window_hours=24, now=now)
+                           window_hours=24, max_relaunches=relaunches, nodes_up=nodes_up, train_nodes=train_nodes,
+                           now=now)
 
 
 def events(log_dir):
@@ -52,6 +54,37 @@ def test_failures_requeue_until_the_budget_is_spent_with_a_clear_message(tmp_pat
     assert last["restart_count"] == 2 and last["nodes"] == "node[1-2]"
     # The window slides: a day after the first two, there is budget again.
     assert decide(tmp_path, now=125.5 * HOUR)[0] == "requeue"
+
+
+def test_a_failure_relaunches_in_the_job_until_its_relaunches_are_spent_then_requeues(tmp_path, job, monkeypatch):
+    relaunch = dict(budget=4, relaunches=2, nodes_up=3, train_nodes=2)
+    action, message = decide(tmp_path, reason="hang: rank 1 ...", **relaunch)
+    assert (action, message) == ("relaunch", "recovery 1 of 4 in 24 h: hang: rank 1 ...; relaunching in the same job "
+                                 "(relaunch 1 of 2) on 2 of 3 healthy nodes, from latest")
+    assert decide(tmp_path, exit_code=137, **relaunch)[0] == "relaunch"
+    action, message = decide(tmp_path, **relaunch)
+    assert action == "requeue" and "in-job relaunches spent (2 of MAX_RELAUNCHES=2): requeueing" in message
+    assert [(e["action"], e["recovery"], e.get("relaunch")) for e in events(tmp_path)] == [
+        ("relaunch", 1, 1), ("relaunch", 2, 2), ("requeue", 3, None)]
+    assert events(tmp_path)[0]["nodes_up"] == 3 and events(tmp_path)[0]["train_nodes"] == 2
+    # The requeued job has new nodes and relaunches again; the relaunches count against the retry budget,
+    # so a crash loop inside one allocation ends too.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    assert decide(tmp_path, **relaunch)[0] == "relaunch"
+    action, message = decide(tmp_path, **relaunch)
+    assert action == "give-up" and message.startswith("retry budget spent: 4 recoveries of job 41")
+
+
+def test_too_few_healthy_nodes_for_a_relaunch_requeue_the_job(tmp_path, job):
+    action, message = decide(tmp_path, relaunches=3, nodes_up=1, train_nodes=2)
+    assert action == "requeue" and "1 healthy nodes in the allocation, training needs 2: requeueing" in message
+    assert events(tmp_path)[-1]["not_relaunched"] == "1 healthy nodes in the allocation, training needs 2"
+
+
+def test_a_planned_stop_or_a_user_error_is_never_relaunched(tmp_path, job):
+    assert decide(tmp_path, exit_code=0, status="stopped", relaunches=3)[0] == "requeue"
+    assert decide(tmp_path, exit_code=2, reason="user: bad data", relaunches=3)[0] == "user-error"
+    assert decide(tmp_path, exit_code=127, relaunches=3)[0] == "user-error"
 
 
 def test_the_budget_belongs_to_one_job(tmp_path, job, monkeypatch):
@@ -86,3 +119,10 @@ def test_command_line_prints_the_action_and_logs_launch_events(tmp_path):
     assert result.stdout == "give-up\n" and "retry budget spent" in result.stderr
     launch = events(tmp_path)[0]
     assert launch["event"] == "launch" and launch["job"] == "7" and launch["restart_count"] == 1
+    env.update(MAX_RECOVERIES="5", MAX_RELAUNCHES="3")
+    result = run("decide", str(tmp_path), "--exit", "1", "--nodes-up", "3", "--train-nodes", "2", "--ended-at", "1234.5")
+    assert result.stdout == "relaunch\n" and "relaunching in the same job (relaunch 1 of 3) on 2 of 3" in result.stderr
+    assert events(tmp_path)[-1]["step_ended"] == 1234.5  # srun's end: the detection, apart from the node probe
+    run("start", str(tmp_path), "--relaunch", "1", "--nodes", "node1,node3")
+    relaunched = events(tmp_path)[-1]
+    assert (relaunched["event"], relaunched["relaunch"], relaunched["nodes"]) == ("launch", 1, "node1,node3")

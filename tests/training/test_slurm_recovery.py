@@ -1,6 +1,9 @@
 """Self-healing on the real local Slurm cluster (3 nodes, 2 per job): real faults, no resubmission.
 
-Every recovered run is compared with an uninterrupted one, loss and samples of every step, bit for bit.
+The requeue path: the jobs here have no in-job relaunches (MAX_RELAUNCHES=0) unless a test says otherwise,
+so a failure requeues the job as it does once the relaunches are spent or no spare node is left
+(test_slurm_relaunch.py: the relaunch inside the job). Every recovered run is compared with an
+uninterrupted one, loss and samples of every step, bit for bit.
 Runs are short (tiny preset, 18 steps, a checkpoint every 6) because CI has two cores.
 """
 
@@ -40,7 +43,7 @@ def cluster(slurm_cluster):
 def submit(cluster, name: str, *overrides: str, **env: str) -> TrainingJob:
     job = TrainingJob(cluster, name)
     SUBMITTED.append(job)
-    return job.submit(*RUN, *WATCHDOG, *overrides, **env)
+    return job.submit(*RUN, *WATCHDOG, *overrides, **{"MAX_RELAUNCHES": "0", **env})
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,7 @@ def test_killed_worker_recovers_with_no_resubmission_on_its_first_code(cluster, 
     SUBMITTED.append(job)
     bundle = job.host_root / "bundle/jobs"  # the job's own copy of jobs/, as /opt/llm-jobs/bundle on the cluster
     shutil.copytree(REPO / "jobs", bundle, ignore=shutil.ignore_patterns("__pycache__"))
-    job.submit(*RUN, *WATCHDOG, JOBS_DIR=f"/fsx/{job.root}/bundle/jobs")
+    job.submit(*RUN, *WATCHDOG, JOBS_DIR=f"/fsx/{job.root}/bundle/jobs", MAX_RELAUNCHES="0")
     job.wait_for_step(8)
     # A cluster update rewrites the bundle under the running job: the requeue must not run it.
     (bundle / "training/train.py").write_text('raise SystemExit("the updated code ran")\n')
@@ -111,7 +114,10 @@ def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference
 
 
 def test_node_failing_its_health_check_is_drained_and_the_run_moves(cluster, reference):
-    job = submit(cluster, "badnode")
+    # In-job relaunches allowed: the nodes' probe runs the health check (HEALTH_CONF, as the prolog), finds this
+    # node failing it and, with no spare in the allocation, requeues instead of relaunching on it.
+    health_conf = cluster.base / "opt/slurm/etc/llm/health.conf"
+    job = submit(cluster, "badnode", MAX_RELAUNCHES="3", HEALTH_CONF=str(health_conf))
     job.wait_for_step(8)
     bad = job.nodes()[-1]
     marker = cluster.fsx / ".node-health" / bad
@@ -119,7 +125,9 @@ def test_node_failing_its_health_check_is_drained_and_the_run_moves(cluster, ref
     marker.write_text("GPU 3 fell off the bus (Xid 79)\n")  # the stand-in check fails on this node from now on
     try:
         job.kill_worker(signal.SIGKILL, node=bad)  # the rank on it died of that
-        recovered(job, reference)
+        [event] = recovered(job, reference)
+        assert event["action"] == "requeue" and event["not_relaunched"] == "1 healthy nodes in the allocation, training needs 2"
+        assert f"node {bad} left out: stand-in check: GPU 3 fell off the bus (Xid 79)" in job.output()
         node = subprocess.run(["scontrol", "show", "node", bad], capture_output=True, text=True).stdout
         assert "DRAIN" in node and "stand-in check: GPU 3 fell off the bus (Xid 79)" in node, node
         last = job.events("launch")[-1]
@@ -133,14 +141,16 @@ def test_node_failing_its_health_check_is_drained_and_the_run_moves(cluster, ref
 
 
 def test_crash_loop_stops_after_the_retry_budget(cluster):
-    job = submit(cluster, "crashloop", MAX_RECOVERIES="1")
-    for attempt in range(2):  # a rank that always dies: kill it on every (re)start
+    # The budget counts relaunches inside the job too: a rank that always dies ends the job after two of them.
+    job = submit(cluster, "crashloop", MAX_RECOVERIES="2", MAX_RELAUNCHES="3")
+    for attempt in range(3):  # a rank that always dies: kill it on every (re)start
         job.wait_until(f"start {attempt}", lambda rs: len([r for r in rs if r.get("event") == "start"]) > attempt)
         job.kill_worker(signal.SIGKILL)
     state, code = job.wait()
     assert state == "FAILED" and code != 0
-    assert job.record()["Restarts"] == "1"
-    assert "retry budget spent: 1 recoveries of job" in job.output()
+    assert job.record()["Restarts"] == "0"
+    assert "retry budget spent: 2 recoveries of job" in job.output()
+    assert [e["action"] for e in job.events("recovery")] == ["relaunch", "relaunch", "stop"]
     assert job.events("recovery")[-1]["budget_spent"] is True
 
 

@@ -226,14 +226,15 @@ def test_signal_requeue_and_killed_rank_continue_exactly(slurm_cluster, uninterr
     assert stopped and stopped[0]["signal"] == "SIGUSR1", job.output()[-4000:]
     assert slurm_cluster.jobs(job.id)[0]["Restarts"] == "1"
 
-    # Now kill one rank outright: the job requeues itself (no hang, no resubmission), resumes from
-    # the latest checkpoint and finishes like the uninterrupted run.
+    # Now kill one rank outright: the job trains again in its own allocation (no hang, no requeue, no
+    # resubmission), resumes from the latest checkpoint and finishes like the uninterrupted run.
     job.wait_for_step(stopped[0]["step"] + 6)
     pids = job.worker_pids()
     assert len(pids) == 2, pids
     subprocess.run(["kill", "-9", str(pids[-1])], check=True)
     state, code = job.wait()
     assert (state, code) == ("COMPLETED", 0), job.output()[-4000:]
-    assert slurm_cluster.jobs(job.id)[0]["Restarts"] == "2"
+    assert slurm_cluster.jobs(job.id)[0]["Restarts"] == "1"
+    assert [r["action"] for r in job.records() if r.get("event") == "recovery" and not r.get("planned")] == ["relaunch"]
     assert "resumed from" in job.output()
     assert job.losses() == uninterrupted.losses()

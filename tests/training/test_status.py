@@ -65,6 +65,22 @@ def test_device_hours_add_up_the_intervals_of_every_run():
     assert (status.step, status.loss, status.val_loss, status.resumes) == (30, 2.0, 2.2, 1)
 
 
+def test_in_job_relaunches_are_told_apart_from_requeues():
+    status = ModelStatus("m", job="41 RUNNING", restarts=1)  # Slurm requeued job 41 once
+    summarize_metrics(status, [
+        {"event": "start", "step": 0},
+        {"event": "recovery", "action": "relaunch", "recovery": 1, "relaunch": 1},
+        {"event": "start", "step": 6, "resumed": True},
+        {"event": "recovery", "action": "requeue", "recovery": 2},
+        {"event": "start", "step": 12, "resumed": True},
+        {"event": "recovery", "action": "relaunch", "recovery": 3, "relaunch": 1},
+        {"event": "start", "step": 18, "resumed": True},
+    ])
+    assert (status.recoveries, status.relaunches) == (3, 2)
+    header, row = format_table([status]).splitlines()
+    assert header.split()[-4:-2] == ["recov", "in-job"] and row.split()[-4:-2] == ["3", "2"]
+
+
 def test_cli_table_json_and_picture(resumed, tmp_path):
     dev = bundled_cluster("dev")  # dev's models/cluster.json, as the local cluster's jobs/ holds it
     # JOBS_DIR: where the cluster file is looked for by default (the head node's shell sets it).

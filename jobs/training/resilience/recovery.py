@@ -1,10 +1,11 @@
-"""What the batch script does when training ends: finish, requeue, or stop for a human.
+"""What the batch script does when training ends: finish, relaunch, requeue, or stop for a human.
 
-    python -m training.resilience.recovery start  LOG_DIR                     # once per (re)start of the job
+    python -m training.resilience.recovery start  LOG_DIR [--relaunch K --nodes LIST]  # each start of the training step
     python -m training.resilience.recovery decide LOG_DIR --exit RC --status STATUS [--reason-file FILE]
+                                                  [--nodes-up N --train-nodes M] [--ended-at EPOCH]
 
-``decide`` prints one word for jobs/train.sh — ``complete``, ``requeue``, ``user-error`` or ``give-up`` — and explains
-itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``
+``decide`` prints one word for jobs/train.sh — ``complete``, ``relaunch``, ``requeue``, ``user-error`` or ``give-up`` —
+and explains itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``
 (``{"event": "launch" | "recovery", ...}``), next to the trainer's own lines, so one file tells
 the story of a run: when it restarted, why, and on which nodes.
 
@@ -15,9 +16,13 @@ Classification of an ending:
     message to ``--reason-file``)               -> user-error: the job exits 2, no requeue (it
                                                    would fail the same way)
   * anything else (a rank killed, a NCCL/gloo error, the progress watchdog, a lost node)
-                                                -> requeue and resume from ``latest``, while the
-    retry budget lasts: at most ``MAX_RECOVERIES`` (default 5) recoveries of this job within
-    ``RECOVERY_WINDOW_HOURS`` (default 24); then give-up with a message, so a crash loop ends.
+                                                -> relaunch: train.sh starts the training step again in
+    the same allocation (same job id, no requeue, no wait for nodes) on ``--train-nodes`` of its
+    ``--nodes-up`` healthy nodes, resuming from ``latest``; at most ``MAX_RELAUNCHES`` (default 3)
+    times per allocation (a requeue brings new nodes and a fresh count). With the relaunches
+    spent, or fewer healthy nodes than training needs (no spare left for a lost one) -> requeue.
+    Either is one recovery of the retry budget: at most ``MAX_RECOVERIES`` (default 5) of this job
+    within ``RECOVERY_WINDOW_HOURS`` (default 24); then give-up with a message, so a crash loop ends.
 The budget belongs to one job id (one run): a new submission, after a human looked, starts afresh.
 """
 
@@ -46,7 +51,7 @@ def _job() -> dict:
 
 
 def recoveries(log_dir: Path, job: str, since: float) -> list[dict]:
-    """This job's earlier recoveries (requeues after a failure) since ``since`` (epoch seconds)."""
+    """This job's earlier recoveries after a failure (relaunches and requeues) since ``since`` (epoch seconds)."""
     path = log_dir / "metrics.jsonl"
     if not path.exists():
         return []
@@ -56,7 +61,7 @@ def recoveries(log_dir: Path, job: str, since: float) -> list[dict]:
             record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash
-        if (record.get("event") == "recovery" and record.get("action") == "requeue" and not record.get("planned")
+        if (record.get("event") == "recovery" and record.get("action") in ("relaunch", "requeue") and not record.get("planned")
                 and record.get("job") == job and record.get("time", 0) >= since):
             found.append(record)
     return found
@@ -66,11 +71,15 @@ LAUNCH_FAILURES = {126: "command not executable", 127: "command not found"}
 
 
 def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recoveries: int,
-           window_hours: float, now: float | None = None) -> tuple[str, str]:
-    """(action, message) for a training step that ended with ``exit_code`` and ``status``."""
+           window_hours: float, max_relaunches: int = 0, nodes_up: int = 0, train_nodes: int = 0,
+           ended_at: float | None = None, now: float | None = None) -> tuple[str, str]:
+    """(action, message) for a training step that ended with ``exit_code`` and ``status`` (at ``ended_at``, epoch
+    seconds); ``nodes_up`` of the allocation's nodes are healthy and ``train_nodes`` of them would train a
+    relaunched step (0: no relaunch)."""
     now = time.time() if now is None else now
     job = _job()
-    record = {"event": "recovery", "time": now, **job, "exit": exit_code, "status": status}
+    record = {"event": "recovery", "time": now, **job, "exit": exit_code, "status": status,
+              **({"step_ended": ended_at} if ended_at else {})}
     if exit_code == 0 and status == "complete":
         return "complete", "training complete"
     if exit_code == 0 and status == "stopped":
@@ -102,39 +111,66 @@ def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recov
         _append(log_dir, {**record, "cause": cause, "action": "stop", "budget_spent": True})
         return "give-up", message
     n = len(earlier) + 1
-    message = f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; requeueing to resume from latest"
-    _append(log_dir, {**record, "cause": cause, "action": "requeue", "recovery": n})
+    relaunched = [r for r in earlier if r["action"] == "relaunch" and r.get("restart_count") == job["restart_count"]]
+    if not max_relaunches or not train_nodes:
+        why_not = ""  # in-job relaunch off (MAX_RELAUNCHES=0), or a caller that cannot relaunch
+    elif len(relaunched) >= max_relaunches:
+        why_not = f"in-job relaunches spent ({len(relaunched)} of MAX_RELAUNCHES={max_relaunches})"
+    elif nodes_up < train_nodes:
+        why_not = f"{nodes_up} healthy nodes in the allocation, training needs {train_nodes}"
+    else:
+        k = len(relaunched) + 1
+        message = (f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; relaunching in the same job "
+                   f"(relaunch {k} of {max_relaunches}) on {train_nodes} of {nodes_up} healthy nodes, from latest")
+        _append(log_dir, {**record, "cause": cause, "action": "relaunch", "recovery": n, "relaunch": k,
+                          "nodes_up": nodes_up, "train_nodes": train_nodes})
+        return "relaunch", message
+    message = (f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; {why_not + ': ' if why_not else ''}"
+               f"requeueing to resume from latest")
+    _append(log_dir, {**record, "cause": cause, "action": "requeue", "recovery": n,
+                      **({"not_relaunched": why_not} if why_not else {})})
     return "requeue", message
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="log this (re)start of the job")
+    start = sub.add_parser("start", help="log this (re)start of the job, or a relaunch within it")
     start.add_argument("log_dir", type=Path)
-    end = sub.add_parser("decide", help="classify how training ended; print complete | requeue | user-error | give-up")
+    start.add_argument("--relaunch", type=int, default=0, help="the in-job relaunch this start is (0: the job's own start)")
+    start.add_argument("--nodes", help="the nodes the step trains on (default: the allocation's)")
+    end = sub.add_parser("decide", help="classify how training ended; print complete | relaunch | requeue | user-error | give-up")
     end.add_argument("log_dir", type=Path)
     end.add_argument("--exit", type=int, required=True, dest="exit_code", help="srun's exit code")
     end.add_argument("--status", default="none", help="the trainer's STATUS file content")
     end.add_argument("--reason-file", type=Path, help="where the trainer wrote why it failed (user:/hang:)")
+    end.add_argument("--nodes-up", type=int, default=0, help="the allocation's healthy nodes (train.sh: up, not suspect)")
+    end.add_argument("--train-nodes", type=int, default=0, help="how many of them a relaunched step trains on (0: none)")
+    end.add_argument("--ended-at", type=float, help="when the training step ended (epoch seconds), for the event")
     args = parser.parse_args(argv)
 
     if args.command == "start":
-        _append(args.log_dir, {"event": "launch", "time": time.time(), **_job(),
-                               "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")})
+        launch = {"event": "launch", "time": time.time(), **_job(), "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")}
+        if args.nodes:
+            launch["nodes"] = args.nodes
+        if args.relaunch:
+            launch["relaunch"] = args.relaunch
+        _append(args.log_dir, launch)
         return 0
     try:
         max_recoveries = int(os.environ.get("MAX_RECOVERIES", 5))
+        max_relaunches = int(os.environ.get("MAX_RELAUNCHES", 3))
         window_hours = float(os.environ.get("RECOVERY_WINDOW_HOURS", 24))
     except ValueError as exc:
-        print(f"error: MAX_RECOVERIES / RECOVERY_WINDOW_HOURS must be numbers ({exc}) — fix the job's environment",
+        print(f"error: MAX_RECOVERIES / MAX_RELAUNCHES / RECOVERY_WINDOW_HOURS must be numbers ({exc}) — fix the job's environment",
               file=sys.stderr)
         return 2
     reason = ""
     if args.reason_file and args.reason_file.exists():
         reason = args.reason_file.read_text().strip()
     action, message = decide(args.log_dir, exit_code=args.exit_code, status=args.status, reason=reason,
-                             max_recoveries=max_recoveries, window_hours=window_hours)
+                             max_recoveries=max_recoveries, window_hours=window_hours, max_relaunches=max_relaunches,
+                             nodes_up=args.nodes_up, train_nodes=args.train_nodes, ended_at=args.ended_at)
     print(message, file=sys.stderr)
     print(action)
     return 0

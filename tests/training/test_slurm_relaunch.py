@@ -1,0 +1,159 @@
+"""Recovery inside the running job, on the real local Slurm cluster: a node's workers killed, a node lost.
+
+jobs/train.sh starts the training step again in the same allocation (same job id, no requeue: sacct shows one
+job with several steps) on the nodes still healthy, and the run resumes from the latest FSx checkpoint; every
+loss it logs, the repeated steps' too, equals an uninterrupted run's, bit for bit. Each test prints the seconds
+from the fault to the next completed step and their parts (`pytest -s` shows them):
+
+  detection   the fault -> the training step's end (srun returns)
+  probe       -> the decision: the allocation's nodes asked whether they are fit (train.sh: healthy_nodes)
+  relaunch    -> the new step's launch event
+  start-up    -> the trainer's start: interpreter, imports, rendezvous, the checkpoint read from FSx
+  first step  -> the first step of the relaunched run logged
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from local_cluster import demo_data
+from local_cluster.client import cluster_name, hostnames, job_folders
+from local_cluster.training_job import TINY, TrainingJob, TrainingJobs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster]
+
+STEPS, EVERY = 18, 3  # a checkpoint every 3 steps: the relaunch redoes at most 2 (the snapshots will redo fewer)
+RUN = (f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "log.interval=1", "optim.warmup_steps=3",
+       "train.watchdog_floor_s=8")
+FAULT_AFTER = 7  # a step past the step-6 checkpoint
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster):
+    demo_data.build(slurm_cluster.fsx / "data/tokenized/sample")
+    submitted = TrainingJobs(slurm_cluster)
+    yield submitted
+    submitted.cancel_all()
+
+
+@pytest.fixture(scope="module")
+def reference(jobs) -> dict[int, tuple[float, int]]:
+    """An uninterrupted run on two nodes: step -> (loss, CRC of the samples)."""
+    job = jobs.submit("relaunch-reference", *RUN)
+    assert job.wait() == ("COMPLETED", 0), job.output()[-4000:]
+    assert sorted(job.losses()) == list(range(1, STEPS + 1))
+    return job.losses()
+
+
+def relaunched_in_the_same_job(job: TrainingJob, reference, killed_at: float) -> dict:
+    """The job completed in its own allocation after one in-job relaunch, every logged loss the reference's;
+    the launch the relaunch made."""
+    assert job.wait() == ("COMPLETED", 0), job.output()[-4000:]
+    assert job.record()["Restarts"] == "0"  # no requeue
+    sacct = [line.split("|") for line in subprocess.run(["sacct", "-j", job.id, "-D", "-n", "-P", "-o", "JobID,State"],
+                                                        capture_output=True, text=True, check=True).stdout.splitlines()]
+    # One job, never requeued; a node taken out of it (--no-kill) closes a record RESIZING and opens the next.
+    runs = [state for job_id, state in sacct if job_id == job.id]
+    assert runs[-1] == "COMPLETED" and set(runs[:-1]) <= {"RESIZING"}, sacct  # (a cancelled step: "CANCELLED by <uid>")
+    assert len({job_id for job_id, _ in sacct if job_id.split(".")[-1].isdigit()}) >= 2, sacct  # several steps
+    launches = job.events("launch")
+    assert {e["restart_count"] for e in launches} == {0} and [e.get("relaunch", 0) for e in launches] == [0, 1]
+    [recovery] = job.events("recovery")
+    assert recovery["action"] == "relaunch" and recovery["relaunch"] == 1 and recovery["job"] == job.id, recovery
+    assert "relaunching in the same job (relaunch 1 of 3)" in job.output()
+    # Every loss line, those of the steps redone after the resume included, equals the uninterrupted run's.
+    logged = [(r["step"], (r["loss"], r["samples_crc"])) for r in job.records() if "loss" in r]
+    assert sorted({step for step, _ in logged}) == list(range(1, STEPS + 1))
+    assert [(step, value) for step, value in logged if value != reference[step]] == []
+    assert len(logged) - STEPS <= EVERY  # redone: at most one checkpoint interval
+    print_recovery(job, recovery, launches[1], killed_at)
+    return launches[1]
+
+
+def print_recovery(job: TrainingJob, recovery: dict, launch: dict, killed_at: float) -> None:
+    records = job.records()
+    start = next(r for r in records if r.get("event") == "start" and r["time"] > launch["time"])
+    step = next(r for r in records if "loss" in r and r["time"] > start["time"])
+    marks = [("detection", recovery["step_ended"]), ("probe", recovery["time"]), ("relaunch", launch["time"]),
+             ("start-up", start["time"]), (f"first step ({step['step']})", step["time"])]
+    parts, previous = [], killed_at
+    for name, at in marks:
+        parts.append(f"{name} {at - previous:.1f} s")
+        previous = at
+    print(f"\njob {job.id}: fault -> next completed step {step['time'] - killed_at:.1f} s ({', '.join(parts)})")
+
+
+def kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_node_whose_workers_are_killed_trains_again_in_the_same_job(jobs, reference):
+    job = jobs.submit("relaunch-kill", *RUN)
+    job.wait_for_step(FAULT_AFTER)
+    node = job.nodes()[-1]
+    pids = job.worker_pids(node)
+    assert pids
+    killed_at = time.time()
+    kill(pids)  # every training process of the node: what an Xid error or an OOM kill does to its ranks
+    launch = relaunched_in_the_same_job(job, reference, killed_at)
+    assert hostnames(launch["nodes"]) == job.nodes()  # both nodes still fit: the same two
+
+
+def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(jobs, reference):
+    """Three nodes, TRAIN_NODES=2: the third is a hot spare. The second training node is lost as an instance is
+    (every process in it killed, its slurmd among them; not the first node, which runs the batch script)."""
+    cluster = jobs.cluster
+    job = TrainingJob(cluster, "relaunch-spare")
+    jobs.submitted.append(job)
+    job.host_root.mkdir(parents=True, exist_ok=True)
+    # model1's QOS holds its jobs to its 2-node share (a spare inside the allocation needs the share to include
+    # it): the 3-node allocation runs under the ops account, as root.
+    job.id = cluster.sbatch("jobs/train_model1.sh", *TINY, *RUN,
+                            env={**job_folders(cluster.fsx, job.root), "OMP_NUM_THREADS": "1", "TRAIN_NODES": "2"},
+                            options=["--nodes=3", "--gpus-per-node=0", "--account=ops", "--qos=ops"])
+    job.wait_for_step(FAULT_AFTER)
+    first, lost, spare = job.nodes()
+    assert hostnames(job.events("launch")[0]["nodes"]) == [first, lost]
+    netns = f"lc{cluster_name()}-{lost}"  # local_cluster/cluster.sh's netns_of
+    try:
+        killed_at = time.time()
+        kill([int(pid) for pid in subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
+                                                 check=True).stdout.split()])
+        launch = relaunched_in_the_same_job(job, reference, killed_at)
+        assert hostnames(launch["nodes"]) == [first, spare]
+        assert f"node {lost} left out" in job.output()
+    finally:
+        # Back into service for the tests after this one, as ParallelCluster's replacement would be.
+        subprocess.run([str(cluster.repo / "local_cluster/cluster.sh"), "reboot", lost], capture_output=True, timeout=600)
+
+
+def test_the_lost_batch_node_requeues_the_job(jobs, reference):
+    """The node running the batch script is lost: --no-kill keeps the job RUNNING without it, so jobs/train.sh's guard
+    step on the other node requeues it once Slurm has taken the node out; the run resumes, as it would without
+    --no-kill."""
+    job = jobs.submit("relaunch-batch-node", *RUN)
+    job.wait_for_step(FAULT_AFTER)
+    batch_node = job.nodes()[0]
+    try:
+        kill([int(pid) for pid in subprocess.run(["ip", "netns", "pids", f"lc{cluster_name()}-{batch_node}"],
+                                                 capture_output=True, text=True, check=True).stdout.split()])
+        assert job.wait() == ("COMPLETED", 0), job.output()[-4000:]
+        assert job.record()["Restarts"] == "1"
+        [recovery] = job.events("recovery")
+        assert recovery["action"] == "requeue" and recovery["cause"] == f"the batch node {batch_node} was lost", recovery
+        assert f"the node running the batch script, {batch_node}, was lost: requeueing job {job.id}" in job.output()
+        logged = [(r["step"], (r["loss"], r["samples_crc"])) for r in job.records() if "loss" in r]
+        assert [(step, value) for step, value in logged if value != reference[step]] == []
+        assert batch_node not in hostnames(job.events("launch")[-1]["nodes"])
+    finally:
+        subprocess.run([str(jobs.cluster.repo / "local_cluster/cluster.sh"), "reboot", batch_node], capture_output=True,
+                       timeout=600)
