@@ -261,6 +261,11 @@ install_health_hooks() {
   log "node health check installed as Slurm prolog and epilog ($slurm_etc/scripts/{prolog,epilog}.d/80_llm_node_health)"
 }
 
+install_replacing() {  # install_replacing MODE SOURCE DEST: root's, in place by a rename (nodes booting side by side
+  # on one host, as the local cluster's do, would otherwise race: install's own create fails with "File exists")
+  install -o root -g root -m "$1" "$2" "$3.new.$$" && mv -f "$3.new.$$" "$3"
+}
+
 install_model_credentials() {
   # Every node: a model user's AWS credentials are its own model's role's (stacks/model_roles.py), handed out
   # by a root-owned helper that binds the role to the caller's uid (model_credentials.sh); the node's own
@@ -272,13 +277,13 @@ install_model_credentials() {
   install -d -m 0755 "$(dirname "$helper")" "$(dirname "$roles")"
   tmp=$(mktemp)
   aws s3 cp --only-show-errors "$scripts_uri/model_credentials.sh" "$tmp"
-  install -o root -g root -m 0755 "$tmp" "$helper"
+  install_replacing 0755 "$tmp" "$helper"
   awk 'NF >= 3 { print $1, $3 }' <<<"$listed" >"$tmp"  # "<model> <role arn>" from "<name> <nodes> <role arn>"
-  install -o root -g root -m 0644 "$tmp" "$roles"
+  install_replacing 0644 "$tmp" "$roles"
   printf '# Written by directory_setup.sh: any user may ask for its own model'"'"'s credentials (no arguments).\nALL ALL=(root) NOPASSWD: %s ""\n' \
     "$helper" >"$tmp"
   [[ -d $(dirname "$sudoers") ]] || install -d -m 0750 "$(dirname "$sudoers")"
-  install -o root -g root -m 0440 "$tmp" "$sudoers"
+  install_replacing 0440 "$tmp" "$sudoers"
   rm -f "$tmp"
   if [[ $NODE_TYPE == HeadNode ]]; then  # /home is the head node's, shared with every compute node
     while read -r name _ role; do

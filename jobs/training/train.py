@@ -180,6 +180,7 @@ class Trainer:
         cfg, d, ckpt, metrics = self.cfg, self.d, self.ckpt, self.metrics
         metrics.event(kind="start", step=self.step, world_size=d.world_size, resumed=self.step > 0,
                       resumed_from=self.metrics_resume)
+        self.snapshot_noted = self.snapshots.last_written if self.snapshots else -1
         batches = iter(self.loader)
         stopping = False
         first_step, last_save = self.step, time.monotonic()
@@ -189,6 +190,7 @@ class Trainer:
             if self.step == first_step + 1:  # start-up is over: the short collective timeout from now on
                 distributed.set_timeout(d, cfg.train.timeout_s)
             ckpt.poll()
+            self.note_snapshot()
             stopping = distributed.any_rank(self.stop.requested, d)
             last = self.step == cfg.train.steps or stopping
             evict = None  # the straggler whose node this run leaves, after saving
@@ -238,6 +240,15 @@ class Trainer:
         if d.is_main:
             write_atomic(ckpt.dir / "STATUS", status + "\n")
         return status
+
+    def note_snapshot(self) -> None:
+        """A ``snapshot`` event once a snapshot in memory is whole on every node (its writer reports it)."""
+        if not self.snapshots:
+            return
+        self.snapshots.poll()
+        if self.snapshots.last_written > self.snapshot_noted:
+            self.snapshot_noted = self.snapshots.last_written
+            self.metrics.event(kind="snapshot", step=self.snapshot_noted, write_s=round(self.snapshots.last_write_s, 3))
 
     def report_straggler(self, ranks: stragglers.Report) -> None:
         """Once per episode: the rank and node that held the others back for straggler_intervals intervals."""

@@ -31,6 +31,19 @@ STEPS, EVERY = 18, 3  # a checkpoint every 3 steps: the relaunch redoes at most 
 RUN = (f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "log.interval=1", "optim.warmup_steps=3",
        "train.watchdog_floor_s=8")
 FAULT_AFTER = 7  # a step past the step-6 checkpoint
+# Snapshots in memory at every step (training/checkpoints/snapshot.py) and no checkpoint on the file system
+# before the last step: the relaunch can only resume from memory.
+SNAPSHOTS = ("checkpoint.snapshot_every=1", "checkpoint.every=100")
+
+
+def wait_for_snapshot(job: TrainingJob, step: int, timeout: float = 120) -> None:
+    """Until a snapshot of ``step`` or later is whole on every training node (the trainer's ``snapshot`` event:
+    each node's memory is its own, out of this host's sight)."""
+    deadline = time.monotonic() + timeout
+    while not any(e["step"] >= step for e in job.events("snapshot")):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no whole snapshot of step {step} or later within {timeout} s:\n{job.output()[-3000:]}")
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +88,13 @@ def relaunched_in_the_same_job(job: TrainingJob, reference, killed_at: float) ->
     return launches[1]
 
 
+def resumed_from(job: TrainingJob, launch: dict) -> dict:
+    """Where the relaunched run's state came from (the trainer's start event), its byte count and seconds left out."""
+    start = next(r for r in job.records() if r.get("event") == "start" and r["time"] > launch["time"])
+    assert start["step"] >= FAULT_AFTER, start
+    return {k: v for k, v in start["resumed_from"].items() if k not in ("step", "bytes_moved", "seconds")}
+
+
 def print_recovery(job: TrainingJob, recovery: dict, launch: dict, killed_at: float) -> None:
     records = job.records()
     start = next(r for r in records if r.get("event") == "start" and r["time"] > launch["time"])
@@ -97,8 +117,9 @@ def kill(pids: list[int]) -> None:
 
 
 def test_a_node_whose_workers_are_killed_trains_again_in_the_same_job(jobs, reference):
-    job = jobs.submit("relaunch-kill", *RUN)
+    job = jobs.submit("relaunch-kill", *RUN, *SNAPSHOTS)
     job.wait_for_step(FAULT_AFTER)
+    wait_for_snapshot(job, FAULT_AFTER)
     node = job.nodes()[-1]
     pids = job.worker_pids(node)
     assert pids
@@ -106,6 +127,8 @@ def test_a_node_whose_workers_are_killed_trains_again_in_the_same_job(jobs, refe
     kill(pids)  # every training process of the node: what an Xid error or an OOM kill does to its ranks
     launch = relaunched_in_the_same_job(job, reference, killed_at)
     assert hostnames(launch["nodes"]) == job.nodes()  # both nodes still fit: the same two
+    # From the nodes' memory: each rank's own snapshot, on its own node.
+    assert resumed_from(job, launch) == {"source": "snapshot", "own_node": 2, "other_node": 0}
 
 
 def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(jobs, reference):
@@ -117,10 +140,11 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(jobs, reference):
     job.host_root.mkdir(parents=True, exist_ok=True)
     # model1's QOS holds its jobs to its 2-node share (a spare inside the allocation needs the share to include
     # it): the 3-node allocation runs under the ops account, as root.
-    job.id = cluster.sbatch("jobs/train_model1.sh", *TINY, *RUN,
+    job.id = cluster.sbatch("jobs/train_model1.sh", *TINY, *RUN, *SNAPSHOTS,
                             env={**job_folders(cluster.fsx, job.root), "OMP_NUM_THREADS": "1", "TRAIN_NODES": "2"},
                             options=["--nodes=3", "--gpus-per-node=0", "--account=ops", "--qos=ops"])
     job.wait_for_step(FAULT_AFTER)
+    wait_for_snapshot(job, FAULT_AFTER)
     first, lost, spare = job.nodes()
     assert hostnames(job.events("launch")[0]["nodes"]) == [first, lost]
     netns = f"lc{cluster_name()}-{lost}"  # local_cluster/cluster.sh's netns_of
@@ -131,6 +155,8 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(jobs, reference):
         launch = relaunched_in_the_same_job(job, reference, killed_at)
         assert hostnames(launch["nodes"]) == [first, spare]
         assert f"node {lost} left out" in job.output()
+        # The survivor's rank from its own memory, the spare's from the copy the survivor keeps of the lost node's.
+        assert resumed_from(job, launch) == {"source": "snapshot", "own_node": 1, "other_node": 1}
     finally:
         # Back into service for the tests after this one, as ParallelCluster's replacement would be.
         subprocess.run([str(cluster.repo / "local_cluster/cluster.sh"), "reboot", lost], capture_output=True, timeout=600)

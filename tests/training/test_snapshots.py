@@ -55,14 +55,14 @@ class TwoNodes:
         self.processes: list[subprocess.Popen] = []
         self.outputs: list[Path] = []
 
-    def start(self, *nodes: str) -> None:
+    def start(self, *nodes: str, extra: tuple[str, ...] = ()) -> None:
         port, self.processes, self.outputs = free_port(), [], []
         for node in nodes:
             out = self.run.root / f"launch-{len(self.run.records())}-{node}.txt"
             cmd = [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                    f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=snap{port}", "-m", "training.train",
-                   "--config", str(CONFIG), f"data.path={self.data}", *SHORT, "checkpoint.every=5",
-                   "checkpoint.snapshot_every=3", f"checkpoint.snapshot_dir={self.shm}"]
+                   "--config", str(CONFIG), f"data.path={self.data}", *SHORT, "checkpoint.every=100",
+                   "checkpoint.snapshot_every=2", f"checkpoint.snapshot_dir={self.shm}", *extra]
             self.processes.append(subprocess.Popen(cmd, env={**self.run.env(), "SLURMD_NODENAME": node}, cwd=REPO,
                                                    stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True))
             self.outputs.append(out)
@@ -91,7 +91,7 @@ class TwoNodes:
         return [p.returncode for p in self.processes]
 
     def node_dir(self, node: str) -> Path:
-        return self.shm / "llm-snapshots-model1/job_local" / node
+        return self.shm / f"llm-snapshots-model1-{os.getuid()}/job_local" / node
 
     def whole_steps(self, *nodes: str) -> set[int]:
         """Steps whose two ranks each have a manifest on every one of ``nodes`` (own copy and buddy's)."""
@@ -120,18 +120,19 @@ def test_a_killed_run_resumes_from_memory_then_a_buddys_copy_then_the_file_syste
     shm.mkdir()
     nodes = TwoNodes(run, tiny_data, shm)
 
-    # Every process of both nodes killed after the snapshot of step 6: the relaunch on the same nodes
-    # loads it from their memory, though the file system's latest is step 5. A snapshot of step 9 cut
-    # short (its files written, their manifests not: what a kill while writing leaves) is not loaded.
+    # Snapshots every 2 steps, no checkpoint on the file system before the last step (16) until the last part.
+    # Every process of both nodes killed after a snapshot: the relaunch on the same nodes loads it from their
+    # memory. A later snapshot cut short (its files written, their manifests not: what a kill while writing
+    # leaves) is not loaded.
     nodes.start("n1", "n2")
-    killed_at = nodes.kill_after_snapshot(6, "n1", "n2")
-    assert int((run.checkpoints / "latest").read_text().strip()[5:]) < killed_at  # the file system's is older
+    killed_at = nodes.kill_after_snapshot(4, "n1", "n2")
+    assert not (run.checkpoints / "latest").exists()
     half = nodes.node_dir("n1") / "step_99999990"
     half.mkdir()
     for pt in (nodes.node_dir("n1") / f"step_{killed_at:08d}").glob("*.pt"):
         (half / pt.name).write_bytes(pt.read_bytes())
     nodes.start("n1", "n2")
-    nodes.kill_after_snapshot(killed_at + 3, "n1", "n2")
+    nodes.kill_after_snapshot(killed_at + 2, "n1", "n2")
     first = starts(run)[-1]
     assert first["resumed_from"]["source"] == "snapshot" and first["step"] == killed_at, (first, nodes.output()[-3000:])
     assert first["resumed_from"]["own_node"] == 2 and first["resumed_from"]["other_node"] == 0
@@ -141,7 +142,7 @@ def test_a_killed_run_resumes_from_memory_then_a_buddys_copy_then_the_file_syste
     killed_at = max(nodes.whole_steps("n1", "n2"))
     shutil_rmtree(nodes.node_dir("n2"))
     nodes.start("n1", "n3")
-    killed_at_2 = nodes.kill_after_snapshot(killed_at + 3, "n1", "n3")
+    killed_at_2 = nodes.kill_after_snapshot(killed_at + 2, "n1", "n3")
     second = starts(run)[-1]
     assert second["resumed_from"]["source"] == "snapshot" and second["step"] == killed_at, (second, nodes.output()[-3000:])
     assert second["resumed_from"]["own_node"] == 1 and second["resumed_from"]["other_node"] == 1
@@ -165,8 +166,16 @@ def test_a_killed_run_resumes_from_memory_then_a_buddys_copy_then_the_file_syste
     assert f"refused: {damaged}: its SHA-256 does not match its manifest; trying another copy" in nodes.output()
     nodes.kill()
 
-    # Both nodes lost together (n1 and its buddy n3): no copy in memory, the file system's latest checkpoint;
-    # the run completes.
+    # Checkpoints on the file system at every step (no snapshot then) for a few steps, then both nodes lost together
+    # (n1 and its buddy n3): no copy in memory, the file system's latest; the run completes.
+    started = len(starts(run))
+    nodes.start("n1", "n3", extra=("checkpoint.every=1",))
+    deadline = time.monotonic() + 90
+    while not (len(starts(run)) > started and any(r["step"] >= killed_at_2 + 2 for r in run.records()[-3:] if "loss" in r)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in nodes.processes), nodes.output()[-3000:]
+        time.sleep(0.05)
+    nodes.kill()
+    assert starts(run)[-1]["resumed_from"]["source"] == "snapshot"
     shutil_rmtree(nodes.node_dir("n1"))
     shutil_rmtree(nodes.node_dir("n3"))
     latest_fsx = int((run.checkpoints / "latest").read_text().strip()[5:])

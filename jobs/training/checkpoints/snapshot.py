@@ -14,7 +14,7 @@ buddies); only when no step is whole do they read the checkpoint on the file sys
 
 Layout, in ``checkpoint.snapshot_dir`` (default ``/dev/shm``)::
 
-    llm-snapshots-<run name>/          this run's user's, mode 0700; refused if anyone else's
+    llm-snapshots-<run name>-<uid>/    this run's user's, mode 0700; refused if anyone else's
       job_<Slurm job id>/<node>/         one folder per node (nodes may share a /dev/shm: the local cluster)
         step_00000120/rank_00003.pt      rank 3's state at step 120, here as its own or its buddy's copy
         step_00000120/rank_00003.json    its manifest: size, SHA-256, layout; written last
@@ -62,7 +62,8 @@ def node_name() -> str:
 
 
 def run_root(snapshot_dir: str, run_name: str) -> Path:
-    return Path(snapshot_dir) / f"llm-snapshots-{run_name}"
+    """The run's folder, named by its user too: another user's job of the same name keeps its own."""
+    return Path(snapshot_dir) / f"llm-snapshots-{run_name}-{os.getuid()}"
 
 
 def job_root(snapshot_dir: str, run_name: str) -> Path:
