@@ -221,7 +221,7 @@ while sleep 10; do
   job="$(scontrol show job -o "$SLURM_JOB_ID")" || continue
   [[ $job == *JobState=RUNNING* ]] || exit 0
   batch=${job##* BatchHost=} nodes=${job##* NodeList=}
-  if ! scontrol show hostnames "${nodes%% *}" | grep -qx "${batch%% *}"; then
+  if ! scontrol show hostnames "${nodes%% *}" | grep -x "${batch%% *}" >/dev/null; then
     echo "the node running the batch script, ${batch%% *}, was lost: requeueing job $SLURM_JOB_ID" >>"$GUARD_LOG"
     printf "{\"event\": \"recovery\", \"time\": %s, \"job\": \"%s\", \"restart_count\": %s, \"cause\": \"the batch node %s was lost\", \"action\": \"requeue\"}\n" \
       "$EPOCHSECONDS" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${batch%% *}" >>"$LOG_DIR/metrics.jsonl"
@@ -304,7 +304,7 @@ while true; do
   start_monitor "$nodelist"
   if [[ -z $guard_pid ]] || ! kill -0 "$guard_pid" 2>/dev/null; then  # started once; again if its node was lost
     start_guard "$(scontrol show hostnames "$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' NodeList=[^ ]*' | cut -d= -f2)" \
-      | grep -vx "${SLURMD_NODENAME:-$(hostname -s)}" | head -n1 || true)"
+      | grep -vx "${SLURMD_NODENAME:-$(hostname -s)}" | sed -n 1p || true)"
   fi
 
   rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE" "$STEP_FAILED_MARK"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
