@@ -69,7 +69,7 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int, usr1_lead_
 #SBATCH --open-mode=append
 set -euo pipefail
 export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{TIME_LIMIT}}}"  # --time above, for train.sh's requeue
-export TRAIN_NODES="${{TRAIN_NODES:-{model.nodes}}}"  # of --nodes above, those that train; the others are hot spares
+export HOT_SPARES="${{HOT_SPARES:-{model.hot_spares}}}"  # of --nodes above, the nodes held for recovery: the others train
 exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {model.name} "$@"
 """
 

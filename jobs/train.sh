@@ -42,7 +42,8 @@
 # TRAIN_TIME_LIMIT (the model script's --time, given back to the job when it requeues itself),
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
 # CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
-# TRAIN_NODES (how many of the allocation's nodes train; default all: the others are hot spares),
+# HOT_SPARES (nodes of the allocation held for recovery: the job script sets the model's models.<m>.hot_spares)
+# or TRAIN_NODES (how many of the allocation's nodes train; default all but HOT_SPARES),
 # MAX_RELAUNCHES (in-job relaunches per allocation before a requeue; default 3),
 # MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 relaunches or requeues
 # after failures within 24 h; see training/resilience/recovery.py),
@@ -120,9 +121,12 @@ fi
 # Nodes: TRAIN_NODES of the allocation's train; the others are hot spares, which a relaunch takes in place
 # of a lost or suspect node without waiting for Slurm.
 mapfile -t allocation < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-TRAIN_NODES="${TRAIN_NODES:-${#allocation[@]}}"
+HOT_SPARES="${HOT_SPARES:-0}"
+[[ $HOT_SPARES =~ ^[0-9]+$ ]] || { echo "error: HOT_SPARES=$HOT_SPARES: a number of nodes" >&2; exit 2; }
+TRAIN_NODES="${TRAIN_NODES:-$((${#allocation[@]} - HOT_SPARES))}"
 if [[ ! $TRAIN_NODES =~ ^[1-9][0-9]*$ ]] || ((TRAIN_NODES > ${#allocation[@]})); then
-  echo "error: TRAIN_NODES=$TRAIN_NODES: 1 to the allocation's ${#allocation[@]} nodes" >&2
+  echo "error: TRAIN_NODES=$TRAIN_NODES (the allocation's ${#allocation[@]} nodes less HOT_SPARES=$HOT_SPARES): 1 to" \
+    "${#allocation[@]} nodes train" >&2
   exit 2
 fi
 train_nodes=("${allocation[@]:0:TRAIN_NODES}")
@@ -256,8 +260,8 @@ trap 'cancelled=1; stop_watcher; echo "SIGTERM: waiting for the workers to save"
 # out of a --no-kill job), not down, drained, failing or not responding, and answering a probe step within
 # RELAUNCH_PROBE_S (a node Slurm has not yet found dead) that finds neither a node_suspect report
 # (training/resilience/node_suspect.py: the epilog drains that node when the job ends) nor a failing node
-# health check (HEALTH_CONF's, as the prolog runs it, where the node has one: by default llm/health.conf beside
-# Slurm's own config, /opt/slurm/etc/llm/health.conf on ParallelCluster).
+# health check (HEALTH_CONF's, as the prolog runs it, where the node has one: ParallelCluster's
+# /opt/slurm/etc/llm/health.conf; the local cluster's jobs are given theirs).
 healthy_nodes() {
   local job_nodes node state i candidates=() pids=()
   job_nodes="$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' NodeList=[^ ]*' | cut -d= -f2 || true)"
@@ -267,7 +271,7 @@ healthy_nodes() {
   done < <(sinfo -h -N -p "$SLURM_JOB_PARTITION" -n "$job_nodes" -o '%N %T')
   # shellcheck disable=SC2016  # expanded on the node
   local probe='[[ ! -e ${NODE_SUSPECT_DIR:-/dev/shm}/llm-node-suspect.$SLURM_JOB_ID ]] || { echo "reported suspect by a rank"; exit 1; }
-    conf="${HEALTH_CONF:-$(dirname "${SLURM_CONF:-/opt/slurm/etc/slurm.conf}")/llm/health.conf}"; [[ -f $conf ]] || exit 0
+    conf="${HEALTH_CONF:-/opt/slurm/etc/llm/health.conf}"; [[ -f $conf ]] || exit 0
     set -a; source "$conf"; set +a; exec "${HEALTH_CHECK:-/opt/slurm/etc/llm/node_health.sh}"'
   local out="$LOG_DIR/.probe.$SLURM_JOB_ID" why
   for node in "${candidates[@]}"; do

@@ -77,7 +77,10 @@ class LocalCluster:
         self.repo = repo
         self.base = repo / ".local_cluster" / cluster_name()  # its state, logs, shared folders
         self.fsx = self.base / "fsx"  # what jobs see as /fsx
-        self.env = {**os.environ, **HARNESS_ENV, "JOBS_VENV": str(repo / ".venv")}  # environment jobs are submitted with
+        # The environment jobs are submitted with; HEALTH_CONF: the node health check's settings where ParallelCluster
+        # has /opt/slurm/etc/llm/health.conf (jobs/train.sh's probe before a relaunch runs it, as the prolog does).
+        self.env = {**os.environ, **HARNESS_ENV, "JOBS_VENV": str(repo / ".venv"),
+                    "HEALTH_CONF": str(self.base / "opt/slurm/etc/llm/health.conf")}
 
     def cluster_sh(self, command: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.repo / "local_cluster" / "cluster.sh"), command],

@@ -62,7 +62,10 @@ class SimCluster:
     @property
     def env(self) -> dict[str, str]:
         """The environment for anything that talks to this cluster (Slurm commands, cluster.sh)."""
-        return {**os.environ, **self.boot_env, "SLURM_CONF": str(self.slurm_conf)}
+        return {**os.environ, **self.boot_env, "SLURM_CONF": str(self.slurm_conf),
+                # the node health check's settings (ParallelCluster's /opt/slurm/etc/llm/health.conf): a relaunch's
+                # probe runs it, so a node whose GPU failed is left out, as the epilog would drain it
+                "HEALTH_CONF": str(self.base / "opt" / "slurm" / "etc" / "llm" / "health.conf")}
 
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(1, self.nodes + 1)]

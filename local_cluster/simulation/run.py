@@ -232,7 +232,9 @@ def submit(cluster: SimCluster, root: Path, model: ModelSim, scenario: Scenario)
            "SIM_SAVE_S": repr(model.save_s), "SIM_SLOW_MARKERS": str(slow_markers(cluster)),
            # the retry budget's window (24 h) is simulated time too
            "RECOVERY_WINDOW_HOURS": repr(24 / scenario.scale)}
-    command = ["sbatch", "--parsable", "--gpus-per-node=0", f"--nodes={model.nodes}", f"jobs/train_{model.name}.sh",
+    # --no-kill=off: a lost node ends the job and Slurm requeues it, as the job script's own relaunch would with
+    # no hot spare to take its place (prod holds none); the stand-in trainer's ranks do not see a peer die.
+    command = ["sbatch", "--parsable", "--gpus-per-node=0", "--no-kill=off", f"--nodes={model.nodes}", f"jobs/train_{model.name}.sh",
                f"train.steps={model.steps}", f"checkpoint.every={model.every}", "checkpoint.every_minutes=0",
                f"train.straggler_evict={str(scenario.evict).lower()}"]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=60)

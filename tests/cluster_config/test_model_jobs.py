@@ -176,6 +176,6 @@ def test_hot_spares_join_the_models_allocation_and_its_share_but_do_not_train(tm
     write_job_files(spared, tmp_path)
     script = (tmp_path / f"train_{model.name}.sh").read_text()
     assert directives(script)["nodes"] == str(model.nodes + 1)
-    assert f'export TRAIN_NODES="${{TRAIN_NODES:-{model.nodes}}}"' in script
+    assert 'export HOT_SPARES="${HOT_SPARES:-1}"' in script  # jobs/train.sh trains on the others
     share = next(line.split() for line in models_file(spared).splitlines() if line.startswith(f"{model.name} "))
     assert share[1] == str(model.nodes + 1)  # node_scripts/slurm_accounts.sh: its QOS's GrpTRES node count

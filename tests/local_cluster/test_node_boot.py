@@ -95,7 +95,9 @@ def test_boot_plan_holds_the_rendered_actions_and_the_bucket_the_stack_uploads(t
     bucket = tmp_path / "s3" / (tmp_path / "plan" / "assets_bucket").read_text().strip()
     assert (bucket / "node_scripts" / "directory_setup.sh").read_bytes() == (REPO / "node_scripts" / "directory_setup.sh").read_bytes()
     assert (bucket / "jobs" / "requirements-jobs.txt").is_file() and (bucket / "jobs" / "train_model1.sh").is_file()
-    assert (bucket / "cluster" / "llm-dev.models").read_text().split() == ["model1", "2", "model2", "1"]
+    models = [line.split() for line in (bucket / "cluster" / "llm-dev.models").read_text().splitlines()]
+    assert [(name, nodes) for name, nodes, _ in models] == [("model1", "2"), ("model2", "1")]
+    assert [role.rsplit("/", 1)[1] for _, _, role in models] == ["llm-dev-model1", "llm-dev-model2"]  # stacks/model_roles.py
     assert not list(bucket.rglob("__pycache__")) and not list(bucket.rglob("*.pyc"))
     assert (bucket / "jobs" / "models" / "cluster.json").is_file()  # what the bundle's commands read of the settings
     assert stack_excludes()[1] == ["train_*.sh", "models/*.yaml", "models/cluster.json"]  # read from stacks/cluster_stack.py

@@ -51,8 +51,7 @@ def test_common_directives_are_identical_and_safe(scripts):
         assert lead >= 600
     for path in scripts:  # thin: directives, then hand over to train.sh with the model name
         body = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
-        nodes = directives(path)["nodes"]  # no hot spares in these settings: every node trains
         assert body == ["set -euo pipefail",
                         f'export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{c["time"]}}}"  # --time above, for train.sh\'s requeue',
-                        f'export TRAIN_NODES="${{TRAIN_NODES:-{nodes}}}"  # of --nodes above, those that train; the others are hot spares',
+                        'export HOT_SPARES="${HOT_SPARES:-0}"  # of --nodes above, the nodes held for recovery: the others train',
                         f'exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {path.stem[6:]} "$@"']
