@@ -19,26 +19,19 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "jobs")]
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from cli import ArgumentParser  # noqa: E402
-from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
-from transformers import LlamaConfig  # noqa: E402
 
+from benchmarks.training.checkpoint import OneProcess  # noqa: E402
 from training.checkpoints.snapshot import Snapshots  # noqa: E402
-from training.components.optim import build_optimizer  # noqa: E402
-from training.config import OptimConfig  # noqa: E402
-from training.models.llama import build_model, init_weights  # noqa: E402
 from training.parallel import distributed  # noqa: E402
 
 TARGET = 0.01  # of training time between two snapshots
@@ -47,34 +40,11 @@ TARGET = 0.01  # of training time between two snapshots
 GPU_TO_HOST_GB_S = 20.0
 
 
-def measure(hidden: int, layers: int, snapshots: int, seq_len: int = 128) -> dict:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    d = distributed.init(timeout_s=600)
-    config = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
-                         num_hidden_layers=layers, num_attention_heads=hidden // 64, max_position_embeddings=seq_len,
-                         tie_word_embeddings=False, use_cache=False)
-    model = build_model(config)
-    init_weights(model, config, d.device, seed=0)
-    optimizer = build_optimizer(model, OptimConfig())
-    batch = torch.randint(0, 512, (2, seq_len + 1))
-
-    def train_step() -> float:
-        start = time.perf_counter()
-        logits = model(input_ids=batch[:, :-1]).logits
-        F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
-
-    def state(step: int) -> dict:
-        model_state, optim_state = get_state_dict(model, optimizer)
-        return {"model": model_state, "optim": optim_state, "step": step}
-
+def measure(hidden: int, layers: int, snapshots: int) -> dict:
+    one = OneProcess.build(hidden, layers)
+    d, model, train_step, state = one.d, one.model, one.train_step, one.state
     baseline = [train_step() for _ in range(4)][1:]
-    state_bytes = sum(t.numel() * t.element_size() for t in model.parameters()) * 3  # params + 2 Adam moments
+    state_bytes = one.state_bytes
     blocked, background, during = [], [], []
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as shm:
         taker = Snapshots(shm, "bench", every=1, d=d, layout={})

@@ -14,10 +14,12 @@ import socket
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from transformers import LlamaConfig
 
 from training.parallel import distributed
@@ -27,40 +29,53 @@ from training.components.optim import build_optimizer
 from training.config import OptimConfig
 
 
-def _init_world() -> distributed.Dist:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    return distributed.init(timeout_s=600)
+@dataclass
+class OneProcess:
+    """A real model + AdamW on one gloo rank of this machine: what the checkpoint and snapshot benchmarks time."""
+    d: distributed.Dist
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: torch.Tensor
+
+    @classmethod
+    def build(cls, hidden: int, layers: int, seq_len: int = 128) -> "OneProcess":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+        d = distributed.init(timeout_s=600)
+        config = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+                             num_hidden_layers=layers, num_attention_heads=hidden // 64, max_position_embeddings=seq_len,
+                             tie_word_embeddings=False, use_cache=False)
+        model = build_model(config)
+        init_weights(model, config, d.device, seed=0)
+        return cls(d, model, build_optimizer(model, OptimConfig()), torch.randint(0, 512, (2, seq_len + 1)))
+
+    def train_step(self) -> float:
+        """One step's seconds."""
+        start = time.perf_counter()
+        logits = self.model(input_ids=self.batch[:, :-1]).logits
+        F.cross_entropy(logits.flatten(0, 1), self.batch[:, 1:].flatten()).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    def state(self, step: int) -> dict:
+        """What the trainer saves: model and optimizer state dicts and the step."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state, "step": step}
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.model.parameters()) * 3  # params + 2 Adam moments
 
 
 def run(hidden: int = 768, layers: int = 8, saves: int = 3, seq_len: int = 128) -> dict:
-    d = _init_world()
-    config = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
-                         num_hidden_layers=layers, num_attention_heads=hidden // 64, max_position_embeddings=seq_len,
-                         tie_word_embeddings=False, use_cache=False)
-    model = build_model(config)
-    init_weights(model, config, d.device, seed=0)
-    optimizer = build_optimizer(model, OptimConfig())
-    batch = torch.randint(0, 512, (2, seq_len + 1))
-
-    def train_step() -> float:
-        start = time.perf_counter()
-        logits = model(input_ids=batch[:, :-1]).logits
-        F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
-
-    def state(step: int) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optim_state = get_state_dict(model, optimizer)
-        return {"model": model_state, "optim": optim_state, "step": step}
+    one = OneProcess.build(hidden, layers, seq_len)
+    d, model, train_step, state = one.d, one.model, one.train_step, one.state
 
     baseline_steps = [train_step() for _ in range(4)][1:]
-    state_bytes = sum(t.numel() * t.element_size() for t in model.parameters()) * 3  # params + 2 Adam moments
+    state_bytes = one.state_bytes
     results = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         sync = Checkpointer(Path(tmp) / "sync", keep=1, async_save=False, d=d, identity={})

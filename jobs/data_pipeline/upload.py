@@ -105,32 +105,25 @@ def _remote_body(s3, bucket: str, key: str) -> bytes | None:
         raise
 
 
-def _error_code(error) -> str:
-    return error.response.get("Error", {}).get("Code", "")
+# Why a write to the data bucket was refused, by S3's error code: a conditional put (If-None-Match) lost to
+# another sync, or a write-once prefix (tokenized/, tokenizers/) refusing to replace a key.
+RACED = ("PreconditionFailed", "ConditionalRequestConflict")
+WRITE_ONCE = ("AccessDenied", "403")
+REFUSALS = {
+    RACED: "was written by another sync meanwhile — run the sync again (it skips what matches) or sync to a new folder",
+    WRITE_ONCE: ("exists with other content and may not be replaced (the data bucket keeps tokenized/ and "
+                 "tokenizers/ write-once) — sync the changed dataset to a new folder"),
+}
 
 
-def _put_conditional(s3, bucket: str, key: str, put) -> None:
-    """``put`` (a write carrying If-None-Match), its refusals as one clear line."""
+def _write(bucket: str, key: str, put, refused: tuple[str, ...]) -> None:
+    """``put``, with S3's ``refused`` error codes turned into one clear line (``REFUSALS``)."""
     from botocore.exceptions import ClientError
     try:
         put()
     except ClientError as e:
-        if _error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
-            raise UploadError(f"s3://{bucket}/{key} was written by another sync meanwhile — run the sync again "
-                              "(it skips what matches) or sync to a new folder") from None
-        raise
-
-
-def _replace(s3, bucket: str, key: str, put) -> None:
-    """Replace an existing key with other content; a write-once prefix refuses it (AccessDenied)."""
-    from botocore.exceptions import ClientError
-    try:
-        put()
-    except ClientError as e:
-        if _error_code(e) in ("AccessDenied", "403"):
-            raise UploadError(f"s3://{bucket}/{key} exists with other content and may not be replaced (the data "
-                              "bucket keeps tokenized/ and tokenizers/ write-once) — sync the changed dataset to a "
-                              "new folder") from None
+        if e.response.get("Error", {}).get("Code", "") in refused:
+            raise UploadError(f"s3://{bucket}/{key} {REFUSALS[refused]}") from None
         raise
 
 
@@ -138,8 +131,8 @@ def _put_new(s3, path: Path, bucket: str, key: str, part_bytes: int, metadata: d
     """Write ``path`` to a key that must not exist yet: one PutObject below ``part_bytes``, else a multipart
     upload whose completion carries If-None-Match (boto3's transfer manager cannot pass it)."""
     if path.stat().st_size < part_bytes:
-        _put_conditional(s3, bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(),
-                                                                Metadata=metadata, IfNoneMatch="*"))
+        _write(bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(),
+                                                  Metadata=metadata, IfNoneMatch="*"), RACED)
         return
     upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata)["UploadId"]
     try:
@@ -148,8 +141,8 @@ def _put_new(s3, path: Path, bucket: str, key: str, part_bytes: int, metadata: d
             while chunk := f.read(part_bytes):
                 sent = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=len(parts) + 1, Body=chunk)
                 parts.append({"PartNumber": len(parts) + 1, "ETag": sent["ETag"]})
-        _put_conditional(s3, bucket, key, lambda: s3.complete_multipart_upload(
-            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, IfNoneMatch="*"))
+        _write(bucket, key, lambda: s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, IfNoneMatch="*"), RACED)
     except BaseException:
         s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)  # no parts left to pay for
         raise
@@ -181,8 +174,8 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
         if remote is None:
             _put_new(s3, path, bucket, key, part_mb << 20, {"sha256": entry["sha256"]})
         else:
-            _replace(s3, bucket, key, lambda: s3.upload_file(str(path), bucket, key, Config=transfer,
-                                                             ExtraArgs={"Metadata": {"sha256": entry["sha256"]}}))
+            _write(bucket, key, lambda: s3.upload_file(str(path), bucket, key, Config=transfer,
+                                                       ExtraArgs={"Metadata": {"sha256": entry["sha256"]}}), WRITE_ONCE)
         progress.update(entry["size"])
         return rel, entry, True
 
@@ -192,10 +185,11 @@ def sync(local_dir, url: str, *, endpoint_url=None, workers: int = 8, part_mb: i
     manifest = {"version": 1, "files": {rel: entry for rel, entry, _ in results}}
     body, key = json.dumps(manifest, indent=1).encode(), _key(prefix, MANIFEST)
     if _remote_body(s3, bucket, key) is None:
-        _put_conditional(s3, bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=body,
-                                                               ContentType="application/json", IfNoneMatch="*"))
+        _write(bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=body,
+                                                  ContentType="application/json", IfNoneMatch="*"), RACED)
     elif _remote_body(s3, bucket, key) != body:
-        _replace(s3, bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json"))
+        _write(bucket, key, lambda: s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json"),
+               WRITE_ONCE)
     uploaded = [rel for rel, _, up in results if up]
     return {"url": url, "files": len(results), "uploaded": len(uploaded),
             "skipped": len(results) - len(uploaded),
