@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps deps-cdk deps-pcluster demo test test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk deps-pcluster workstation demo test test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -47,6 +47,8 @@ node_modules/.installed: package.json package-lock.json
 
 deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.installed  ## install what synth/plan/lint need (no root)
 deps-pcluster: .venv-pcluster/.installed  ## install ParallelCluster 3.16.1's CLI, pcluster, into .venv-pcluster (no root; docs/deploy.md#the-workstation)
+workstation: .venv-pcluster/.installed  ## check the runbook's workstation tools (AWS CLI v2, Session Manager plugin, pcluster, node); prints how to get each missing one
+	scripts/workstation.sh
 deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages)
 
 # --- the CDK app -------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from stacks.database_stack import DatabaseStack
 from stacks.model_roles import ModelRoles
 from stacks.network_stack import NetworkStack
 from stacks.storage_stack import StorageStack
+from stacks.teammate_access import TeammateAccess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The provider's own resources (a Lambda, its role and log group) deploy in minutes; a stuck nested
@@ -80,6 +81,8 @@ class ClusterStack(cdk.Stack):
         # job's uid (node_scripts/model_credentials.sh): one model's job cannot write another model's prefixes.
         self.model_roles = ModelRoles(self, "ModelRoles", settings=settings, data_bucket=storage.data_bucket,
                                       backup_bucket=storage.backup_bucket)
+        # A teammate enters the head node as their model's user through Session Manager's Run As.
+        self.teammate_access = TeammateAccess(self, "TeammateAccess", settings=settings)
         self.model_roles_policy = self._cluster_policy(
             "AssumeModelRoles", "The compute nodes assume this cluster's models' roles, for each model's own jobs",
             model_roles_policy(self.partition, self.account, settings.cluster_name))

@@ -8,6 +8,7 @@ written reason. cdk-nag 3 matches granular findings one by one: ``AwsSolutions-I
 from __future__ import annotations
 
 import json
+import re
 
 import aws_cdk as cdk
 import jsii
@@ -130,6 +131,18 @@ def acknowledge_session_manager_policy(policy: Construct) -> None:
     }))
 
 
+def acknowledge_teammate_session_policy(policy: Construct) -> None:
+    """The models' Session Manager roles (stacks/teammate_access.py)."""
+    policy.node.add_validation(_AcknowledgeStatementResources(policy, {
+        "StartSessionOnHeadNode": "Instance ids are assigned at launch; the condition holds it to the instance tagged "
+                                  "as this cluster's head node by ParallelCluster.",
+        "StartSessionShellOnly": "One document, named: the standard shell, in which Run As applies.",
+        "OwnSessions": "Session ids start with the caller's own user id: a teammate resumes or ends their own sessions only.",
+        "FindHeadNode": "These describe calls have no resource-level permissions (Service Authorization Reference); "
+                        "they find the head node's instance id and whether its agent is online.",
+    }))
+
+
 def acknowledge_monitoring_policy(policy: Construct) -> None:
     """The head node's metric agent policy (cluster_config.monitoring.head_node_policy)."""
     acknowledge(
@@ -182,7 +195,8 @@ class _AcknowledgeStatementResources:
     def validate(self) -> list[str]:
         document = cdk.Stack.of(self.policy).resolve(self.policy.node.default_child.policy_document)
         for statement in document["Statement"]:
-            resource = _flatten(statement["Resource"])
+            # cdk-nag writes an IAM policy variable ${aws:userid} as <aws:userid>.
+            resource = re.sub(r"\$\{([^}]*)\}", r"<\1>", _flatten(statement["Resource"]))
             acknowledge(self.policy, f"AwsSolutions::AwsSolutions-IAM5[Resource::{resource}]", self.reasons[statement["Sid"]])
         return []
 

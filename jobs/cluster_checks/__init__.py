@@ -27,4 +27,8 @@ Acceptance (jobs/acceptance.sh), each module importing only those above it:
 - ``acceptance_report``: report.txt (the table) and report.png (one bar per check) beside report.json.
 - ``acceptance``: the command line: reads the run's results folder, writes the report, runs the drill's steps.
 - ``node_record``: what the acceptance run records on each node (health check, jobs venv, driver, ECC).
+
+Fleet sweep (jobs/fleet_sweep.sh):
+- ``fleet_sweep``: every node's health check, GPU diagnostics and storage read; the round-robin pairs of the
+  all_reduce rounds (run by ``collectives``); the verdict on nodes and links, and the drains.
 """
