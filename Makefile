@@ -45,11 +45,16 @@ node_modules/.installed: package.json package-lock.json
 	scripts/timed.sh "apt: Slurm, munge, fio for the local cluster and the jobs (root)" scripts/install_system_packages.sh
 	mkdir -p .build && touch $@
 
+# The jobs' image for the local cluster's container path (docs/containers.md): Debian and PyPI packages only, a few
+# minutes once; the script keeps it while its inputs (itself, requirements-jobs.txt) are unchanged.
+.build/container/llm-jobs.sqsh: jobs/container/build_local_image.sh requirements-jobs.txt $(VENV)/.installed .build/debian.installed
+	scripts/timed.sh "image: the jobs' Python and requirements as an Enroot squash file (root)" jobs/container/build_local_image.sh $@
+
 deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.installed  ## install what synth/plan/lint need (no root)
 deps-pcluster: .venv-pcluster/.installed  ## install ParallelCluster 3.16.1's CLI, pcluster, into .venv-pcluster (no root; docs/deploy.md#the-workstation)
 workstation: .venv-pcluster/.installed  ## check the runbook's workstation tools (AWS CLI v2, Session Manager plugin, pcluster, node); prints how to get each missing one
 	scripts/workstation.sh
-deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages)
+deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed .build/container/llm-jobs.sqsh  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages, the jobs' image)
 
 # --- the CDK app -------------------------------------------------------------------------------
 synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every environment offline and lint the templates

@@ -780,7 +780,7 @@ class Settings(_Strict):
     # ResumeTimeout, how long a node may take to come up before it counts as failed, so a larger
     # value only delays replacing a stuck node: keep the default unless boots are known to be slower.
     compute_bootstrap_timeout_s: int = PCLUSTER_BOOTSTRAP_TIMEOUT_S
-    containers: bool = False  # install Pyxis/Enroot on the nodes
+    containers: bool = False  # Pyxis on, Enroot configured on every node: jobs run in an image (docs/containers.md)
     create_cluster: bool = False  # let `cdk deploy` create the cluster through ParallelCluster's custom resource
     tags: dict[str, str] = Field(default_factory=dict)
 

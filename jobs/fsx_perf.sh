@@ -27,6 +27,8 @@
 #   FSX_PERF_SRUN_MPI      srun --mpi plugin for IOR/mdtest (pmix, as ParallelCluster's Slurm)
 #   IOR_PREFIX             where IOR/mdtest are installed or get built ($FSX_LOGS/tools/ior-4.0.0)
 #   IOR_TARBALL            local path or URL of the IOR release tarball
+#   CONTAINER_IMAGE        an Enroot squash file: fio runs in it through Pyxis (docs/containers.md); the image
+#                          brings fio, so the nodes need none (IOR is not in it: FSX_PERF_TOOL=ior is refused)
 #SBATCH --job-name=fsx-perf
 #SBATCH --nodes=2                # clients on two nodes: one node's network cannot load FSx fully
 #SBATCH --ntasks-per-node=8      # 8 IOR/mdtest ranks (fio jobs) per node, like 8 GPU ranks reading
@@ -38,6 +40,8 @@ set -euo pipefail
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 # shellcheck source=env.sh
 source "$JOBS_DIR/env.sh"
+# shellcheck source=container/in_image.sh
+source "$JOBS_DIR/container/in_image.sh"
 
 IOR_VERSION=4.0.0
 IOR_PREFIX="${IOR_PREFIX:-$FSX_LOGS/tools/ior-$IOR_VERSION}"
@@ -82,6 +86,11 @@ out="${FSX_PERF_OUT:-$FSX_LOGS/fsx_perf/${SLURM_JOB_ID:-manual}}"
 tool="${FSX_PERF_TOOL:-auto}"
 notes=()
 
+if ((${#IN_IMAGE[@]})); then  # the measuring steps run in the image, which has fio
+  [[ "$tool" != ior ]] || { echo "FSX_PERF_TOOL=ior with CONTAINER_IMAGE: the image has fio, not IOR" >&2; exit 2; }
+  tool=fio
+  notes+=(--note "fio in the image $CONTAINER_IMAGE")
+fi
 if [[ "$tool" != fio ]] && ! { command -v ior >/dev/null && command -v mdtest >/dev/null; }; then
   if reason="$(build_ior)"; then
     notes+=(--note "built IOR $IOR_VERSION into $IOR_PREFIX")
@@ -108,4 +117,5 @@ python3 -m cluster_checks.fsx_perf "${mounts[@]}" --out "$out" --tool "$tool" \
   --nodes "${SLURM_JOB_NUM_NODES:-1}" --tasks-per-node "${SLURM_NTASKS_PER_NODE:-1}" \
   --xfer "${FSX_PERF_XFER:-16m}" --block "${FSX_PERF_BLOCK:-16g}" --seconds "${FSX_PERF_SECONDS:-120}" \
   --files-per-task "${FSX_PERF_FILES_PER_TASK:-1000}" \
-  --expect "${FSX_EXPECTED_MB_S:-}" --min-ratio "${FSX_PERF_MIN_RATIO:-0.8}" ${notes[@]+"${notes[@]}"}
+  --expect "${FSX_EXPECTED_MB_S:-}" --min-ratio "${FSX_PERF_MIN_RATIO:-0.8}" ${notes[@]+"${notes[@]}"} \
+  ${IN_IMAGE[@]+"${IN_IMAGE[@]/#/--srun-option=}"}

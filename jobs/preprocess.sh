@@ -23,6 +23,7 @@
 #   VAL_FRACTION     share of documents held out for validation in DATASET_DIR/val (0.02; 0: none)
 #   PREPROCESS_ARGS  extra flags for `python -m data_pipeline.tokenize run`, e.g. "--shard-mb 512"
 #   DATA_S3_URI      s3://<data bucket> (the node setup writes it); unset: the dataset stays on FSx only
+#   CONTAINER_IMAGE  an Enroot squash file: the tokenizer runs in it through Pyxis (docs/containers.md)
 #SBATCH --job-name=preprocess
 #SBATCH --partition=cpu            # CPU queue: tokenizing needs no GPU
 #SBATCH --array=0-9                # one task per raw file; override on the command line
@@ -34,10 +35,12 @@ set -euo pipefail
 JOBS_DIR="${JOBS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/jobs}"
 # shellcheck source=env.sh
 source "$JOBS_DIR/env.sh"
+# shellcheck source=container/in_image.sh
+source "$JOBS_DIR/container/in_image.sh"
 
 model_path="" model_seq_len="" model_tokenizer=""
 if [[ -n ${MODEL:-} ]]; then  # the model's own training config says where, with which tokenizer, at which seq_len
-  read -r model_path model_seq_len model_tokenizer < <(python -c 'import sys; from training.config import load_config
+  read -r model_path model_seq_len model_tokenizer < <(in_image python -c 'import sys; from training.config import load_config
 c = load_config(sys.argv[1]); print(c.data.path, c.data.seq_len, c.data.tokenizer)' "$JOBS_DIR/models/$MODEL.yaml") \
     || { echo "error: cannot read the data settings of model '$MODEL' from $JOBS_DIR/models/$MODEL.yaml — name a model of the settings' models:" >&2; exit 2; }
 fi
@@ -68,5 +71,5 @@ if [[ -n ${SLURM_ARRAY_JOB_ID:-} && ${SLURM_ARRAY_TASK_ID:-} == "${SLURM_ARRAY_T
 fi
 
 echo "task ${SLURM_ARRAY_TASK_ID:-all} on $(hostname): $RAW_DIR -> $DATASET_DIR (seq_len $SEQ_LEN)"
-python -m data_pipeline.tokenize run --input-dir "$RAW_DIR" --out "$DATASET_DIR" \
+in_image python -m data_pipeline.tokenize run --input-dir "$RAW_DIR" --out "$DATASET_DIR" \
   --tokenizer "$TOKENIZER" --seq-len "$SEQ_LEN" --val-fraction "$VAL_FRACTION" "${extra_args[@]}"

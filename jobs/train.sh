@@ -41,7 +41,8 @@
 # Environment (optional): TRAIN_CONFIG (config file; default jobs/models/<model>.yaml),
 # TRAIN_TIME_LIMIT (the model script's --time, given back to the job when it requeues itself),
 # NPROC_PER_NODE (workers per node where there is no GPU; default 1), RDZV_PORT (default 29500),
-# CONTAINER_IMAGE (run the workers in this image with Pyxis; /fsx and the repository are mounted),
+# CONTAINER_IMAGE (an Enroot squash file: the workers run in it through Pyxis, with /fsx and the bundle mounted;
+# docs/containers.md),
 # HOT_SPARES (nodes of the allocation held for recovery: the job script sets the model's models.<m>.hot_spares)
 # or TRAIN_NODES (how many of the allocation's nodes train; default all but HOT_SPARES),
 # MAX_RELAUNCHES (in-job relaunches per allocation before a requeue; default 3),
@@ -137,11 +138,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   NPROC_PER_NODE="${NPROC_PER_NODE:-1}"
 fi
-container=()
-if [[ -n ${CONTAINER_IMAGE:-} ]]; then
-  container=(--container-image="$CONTAINER_IMAGE" --container-mounts="/fsx:/fsx,$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR"
-    --container-workdir="$SLURM_SUBMIT_DIR")
-fi
+# CONTAINER_IMAGE: the training step's tasks run in that image (IN_IMAGE: Pyxis's srun options).
+# shellcheck source=jobs/container/in_image.sh
+source "$JOBS_DIR/container/in_image.sh"
 # The trainer reads the last --config it is given: one among the arguments replaces the model's.
 used_config=$CONFIG
 args=("$@")
@@ -321,7 +320,7 @@ while true; do
   # need not wait for that (the allocation is exclusive, nothing else runs there).
   TRAIN_COMMAND="$(printf '%q ' "${launcher[@]}" --config "$CONFIG" --model "$MODEL" "$@")" \
     srun --nodes="$TRAIN_NODES" --ntasks="$TRAIN_NODES" --nodelist="$nodelist" --overlap --kill-on-bad-exit=1 \
-    --cpus-per-task="$SLURM_CPUS_ON_NODE" "${container[@]}" "${train_task[@]}" &
+    --cpus-per-task="$SLURM_CPUS_ON_NODE" ${IN_IMAGE[@]+"${IN_IMAGE[@]}"} "${train_task[@]}" &
   train_pid=$!
   watch_step "$train_pid" &
   watcher_pid=$!

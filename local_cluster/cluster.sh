@@ -27,7 +27,8 @@
 # rendered cluster config (node_scripts/node_setup.sh, directory_setup.sh) run for real, on the head
 # node and on each node, and a node whose actions fail stays DOWN with the reason. The AWS side is
 # stood in for (local_cluster/stand_ins/: `aws s3` from a folder filled as the cluster stack fills the
-# assets bucket, `dnf` for the interpreter). Three nodes, so that a two-node job can move off a node
+# assets bucket, `dnf` for the interpreter, and Pyxis: a SPANK plugin that runs `srun --container-image` tasks
+# in the jobs' image, docs/containers.md). Three nodes, so that a two-node job can move off a node
 # its health check drained (the head node installs node_scripts/slurm_health_hook.sh as prolog and
 # epilog; local_cluster/health_check.sh stands in for the GPU/EFA hardware).
 # Accounting is real: slurmdbd stores into a MariaDB server of its own (data under
@@ -95,8 +96,9 @@ MYSQL_DATA="$STATE/mysql"
 NODE_CPUS=2
 NODE_MEMORY_MB=4096
 
+# libslurm-dev (spank.h) and squashfs-tools: the Pyxis stand-in, built here, and the images it mounts.
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux procps
-  prometheus prometheus-alertmanager prometheus-node-exporter curl sudo)
+  prometheus prometheus-alertmanager prometheus-node-exporter curl sudo libslurm-dev squashfs-tools)
 
 # ParallelCluster's default user on Amazon Linux (cfn_cluster_user), and the user Session Manager
 # logs in as (the SSM agent creates it with passwordless sudo).
@@ -398,6 +400,26 @@ install_config() {
   cp "$ETC/slurm.conf" "$SLURM_CONF"
 }
 
+# Pyxis's stand-in (local_cluster/stand_ins/pyxis/): a SPANK plugin built against this Slurm, which srun and
+# every job step load through the plugstack.conf.d/ that Debian's /etc/slurm/plugstack.conf includes (on
+# ParallelCluster: /opt/slurm/etc/plugstack.conf.d/pyxis.conf, which the node setup puts in place); a named
+# cluster's Slurm reads the plugstack.conf beside its own slurm.conf. It reads each node's Enroot settings
+# where the node setup wrote them.
+PYXIS_CONF=/etc/slurm/plugstack.conf.d/local-cluster-pyxis.conf
+[[ -z $NAME ]] || PYXIS_CONF="$BASE/plugstack.conf"
+install_pyxis_standin() {
+  local src="$REPO/local_cluster/stand_ins/pyxis/pyxis_standin.c" so="$BASE/lib/pyxis_standin.so"
+  mkdir -p "$BASE/lib" "$(dirname "$PYXIS_CONF")"
+  if [[ ! -f $so || $src -nt $so ]]; then
+    gcc -Wall -O2 -shared -fPIC -o "$so.new" "$src" >"$LOGS/pyxis-build.log" 2>&1 ||
+      die "cannot build the Pyxis stand-in from $src; see $LOGS/pyxis-build.log"
+    mv "$so.new" "$so"  # a step starting meanwhile loads the old file or the new one, never half of one
+  fi
+  printf '# %s: the Pyxis stand-in, removed by down.\noptional %s helper=%s enroot_conf=%s node_root=%s\n' \
+    "${CONF_MARK#\# }" "$so" "$REPO/local_cluster/stand_ins/pyxis/container_root.sh" \
+    "$NODE_LOCAL/etc/enroot/enroot.conf" "$NODE_LOCAL" >"$PYXIS_CONF"
+}
+
 # --- network ----------------------------------------------------------------------------------
 check_subnet_free() {
   local used
@@ -569,6 +591,7 @@ cmd_up() {
   write_config
   write_monitoring_config
   install_config
+  install_pyxis_standin
   create_users
   if [[ ! -d /fsx ]]; then
     mkdir /fsx
@@ -668,6 +691,7 @@ cmd_down() {
   stop_daemons "$RUN/mariadb.pid:mariadbd"
   stop_daemons "$RUN/munged.pid:munged"
   teardown_network
+  if [[ -f $PYXIS_CONF ]] && grep -qF "${CONF_MARK#\# }" "$PYXIS_CONF"; then rm -f "$PYXIS_CONF"; fi
   if [[ -f $SLURM_CONF ]] && grep -qF "$CONF_MARK" "$SLURM_CONF"; then
     if recorded slurm_conf_backup; then
       cp -p "$ETC/slurm.conf.previous" "$SLURM_CONF"

@@ -19,7 +19,8 @@
 # node sees. Every node-local path of the node scripts is under it. JOBS_HOME and SLURM_ETC are
 # shared, as the head node's NFS exports are on ParallelCluster.
 # Stand-ins at the AWS boundary (local_cluster/stand_ins/, first on the actions' PATH): `aws` serves
-# s3:// from S3_DIR, `dnf` links the host's Python 3.11 into the node's disk.
+# s3:// from S3_DIR, `dnf` links the host's Python 3.11 into the node's disk, `enroot` and the AMI's Pyxis
+# examples (PCLUSTER_EXAMPLES) let node_setup.sh --containers configure Enroot for the Pyxis stand-in.
 
 NODE_LOCAL="$BASE/node-local"         # the node-local path: the host's own disk; a node's own inside it
 NODE_DISKS="$BASE/nodes"              # nodes/<node>/local: each compute node's disk
@@ -76,6 +77,7 @@ SLURM_ETC=$SLURM_ETC_DIR
 SLURM_BIN=/usr/bin
 LOCAL_S3_ROOT=$S3_DIR
 LOCAL_DNF_ROOT=$NODE_LOCAL
+PCLUSTER_EXAMPLES=$STAND_INS/pyxis/examples
 LOCAL_DNF_PYTHON=$(readlink -f "$python")
 SLURM_CONF=$SLURM_CONF
 LOCAL_CLUSTER_WITHHOLD_PYTHON=${LOCAL_CLUSTER_WITHHOLD_PYTHON:-}

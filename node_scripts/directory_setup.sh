@@ -511,8 +511,9 @@ main() {
 
   if [[ -n "$local_cache" ]]; then
     if findmnt -n --mountpoint "$local_cache" >/dev/null; then
-      install -d -m 1777 "$local_cache/data"
-      log "local NVMe cache: $local_cache/data"
+      # and Enroot's work folder, which the NVMe mount hid from node_setup.sh --containers (sticky, as /tmp)
+      install -d -m 1777 "$local_cache/data" "$local_cache/enroot" "$local_cache/enroot/tmp"
+      log "local NVMe cache: $local_cache/data, $local_cache/enroot"
     else
       log "WARNING: $local_cache is not mounted (no instance store on this type?): no local data cache"
     fi

@@ -4,13 +4,14 @@
 #
 #   node_setup.sh [--containers]
 #
-#   --containers   enable Pyxis + Enroot (installed in ParallelCluster's AMIs, off by default)
+#   --containers   enable Pyxis + Enroot (installed in ParallelCluster's AMIs, Pyxis off by default since 3.11.1)
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   NODE_ROOT   prefix for every file written (default: empty, i.e. /)
 #   LOG_DIR     where the log goes (default /var/log/parallelcluster)
 #   CFNCONFIG   ParallelCluster's node facts, for cfn_cluster_user (default $NODE_ROOT/etc/parallelcluster/cfnconfig)
 #   IPTABLES    the iptables command (default iptables; tests pass a stand-in that records its calls)
+#   PCLUSTER_EXAMPLES  the AMI's Pyxis and SPANK example configs (default $NODE_ROOT/opt/parallelcluster/examples)
 #
 # Not here on purpose: the EFA/NCCL environment, which lives in jobs/env.sh (every job sources it,
 # so it ships and changes with the jobs); and the instance-store NVMe. ParallelCluster stripes all of a node's NVMe
@@ -25,6 +26,10 @@ LOG_FILE="$LOG_DIR/llm-node-setup.log"
 CFNCONFIG="${CFNCONFIG:-$NODE_ROOT/etc/parallelcluster/cfnconfig}"
 IPTABLES="${IPTABLES:-iptables}"
 IMDS_ADDRESS=169.254.169.254
+# Enroot's work on the node's local disk: the GPU queue's instance-store NVMe, which ParallelCluster mounts at
+# LocalStorage.EphemeralVolume.MountDir (cluster_config/render.py LOCAL_CACHE_DIR) after this script, so
+# directory_setup.sh makes this folder again there; on nodes without one, the root volume keeps the folder made here.
+ENROOT_LOCAL=/local_cache/enroot
 IMDS_CHAIN=LLM_IMDS
 
 log() { printf '%s node_setup: %s\n' "$(date -u +%FT%TZ)" "$*" | tee -a "$LOG_FILE" >&2; }
@@ -66,22 +71,38 @@ EOF
 }
 
 enable_containers() {
-  # ParallelCluster's AMIs ship Enroot and Pyxis with example configs under
-  # /opt/parallelcluster/examples; enabling them means putting those configs in place and
-  # creating the runtime folders they name. slurmd reads plugstack.conf when it starts, after this.
-  local examples="$NODE_ROOT/opt/parallelcluster/examples"
-  local slurm_etc="$NODE_ROOT/opt/slurm/etc"
-  local file
-  for file in enroot/enroot.conf spank/plugstack.conf pyxis/pyxis.conf; do
+  # ParallelCluster's AMIs ship Enroot and Pyxis, with Pyxis's SPANK configs as examples under
+  # /opt/parallelcluster/examples: enabling Pyxis is putting them in place in /opt/slurm/etc (the head node's,
+  # which every node shares; slurmctld and the slurmds read it when they start, after this). Enroot is
+  # configured here on every node: its runtime, layer cache and container file systems on the local disk
+  # (ENROOT_LOCAL), never on FSx; the images themselves are squash files on FSx (docs/containers.md).
+  local examples="${PCLUSTER_EXAMPLES:-$NODE_ROOT/opt/parallelcluster/examples}"
+  local slurm_etc="$NODE_ROOT/opt/slurm/etc" file type
+  for file in spank/plugstack.conf pyxis/pyxis.conf; do
     [[ -f "$examples/$file" ]] || die "containers: $examples/$file is missing; use a ParallelCluster 3.11+ AMI (it ships Enroot and Pyxis) or set containers: false"
   done
   command -v enroot >/dev/null || die "containers: the enroot command is missing; use a ParallelCluster 3.11+ AMI or set containers: false"
-  write_file "$NODE_ROOT/etc/enroot/enroot.conf" <"$examples/enroot/enroot.conf"
-  write_file "$slurm_etc/plugstack.conf" <"$examples/spank/plugstack.conf"
-  write_file "$slurm_etc/plugstack.conf.d/pyxis.conf" <"$examples/pyxis/pyxis.conf"
-  # Runtime data in RAM (/run), image layers on the node's disk, as the example configs expect.
-  install -d -m 1777 "$NODE_ROOT/run/enroot" "$NODE_ROOT/var/enroot" "$NODE_ROOT/run/pyxis"
-  log "containers: Enroot $(enroot version) and Pyxis enabled"
+  write_file "$NODE_ROOT/etc/enroot/enroot.conf" <<EOF
+# Enroot for Pyxis (node_setup.sh --containers): work on the node's local disk, per user; images on FSx.
+ENROOT_RUNTIME_PATH    $ENROOT_LOCAL/runtime/user-\$(id -u)
+ENROOT_CACHE_PATH      $ENROOT_LOCAL/cache/group-\$(id -g)
+ENROOT_DATA_PATH       $ENROOT_LOCAL/data/user-\$(id -u)
+ENROOT_TEMP_PATH       $ENROOT_LOCAL/tmp
+# enroot import's squash files: zstd at a low level, a third of the image's bytes on FSx, fast to unpack.
+ENROOT_SQUASH_OPTIONS  -comp zstd -Xcompression-level 3
+# Only what the job mounts (--container-mounts): no home folder, no host devices beyond the GPUs and EFA.
+ENROOT_MOUNT_HOME      n
+ENROOT_RESTRICT_DEV    y
+ENROOT_ROOTFS_WRITABLE y
+EOF
+  # Each user's folders are made by Enroot below these (sticky, as /tmp); /run/pyxis is Pyxis's runtime_path.
+  install -d -m 1777 "$NODE_ROOT$ENROOT_LOCAL" "$NODE_ROOT$ENROOT_LOCAL/tmp" "$NODE_ROOT/run/pyxis"
+  type=$(sed -n 's/^cfn_node_type=//p' "$CFNCONFIG" 2>/dev/null | tr -d "'\"") || true
+  if [[ $type == HeadNode ]]; then
+    write_file "$slurm_etc/plugstack.conf" <"$examples/spank/plugstack.conf"
+    write_file "$slurm_etc/plugstack.conf.d/pyxis.conf" <"$examples/pyxis/pyxis.conf"
+  fi
+  log "containers: Enroot $(enroot version) configured (work in $ENROOT_LOCAL)$([[ $type != HeadNode ]] || echo ", Pyxis enabled in /opt/slurm/etc")"
 }
 
 keep_instance_credentials_from_users() {

@@ -5,8 +5,10 @@ set -euo pipefail
 # slurmdbd + mariadb-server: the local cluster's accounting database (sacct, sreport, per-model QOS).
 # prometheus (+ promtool), prometheus-alertmanager (+ amtool), prometheus-node-exporter: the alert rules'
 # unit tests and the local cluster's monitoring (docs/monitoring.md).
+# mmdebstrap, squashfs-tools: the jobs' image (jobs/container/build_local_image.sh); libslurm-dev (spank.h) and
+# gcc: the local cluster's Pyxis stand-in (local_cluster/stand_ins/pyxis/).
 packages=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server iproute2 procps fio
-  prometheus prometheus-alertmanager prometheus-node-exporter curl)
+  prometheus prometheus-alertmanager prometheus-node-exporter curl mmdebstrap squashfs-tools libslurm-dev gcc)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$package")

@@ -177,7 +177,7 @@ class Runner:
     def _measure_ior(self, work: Path, raw: Path) -> None:
         a = self.args
         launcher = ["srun", f"--mpi={a.srun_mpi}", f"--nodes={a.nodes}", f"--ntasks-per-node={a.tasks_per_node}",
-                    "--kill-on-bad-exit=1"]
+                    "--kill-on-bad-exit=1", *a.srun_option]
         self._run(ior_command(launcher, a.ior, work, raw, a.xfer, a.block, a.seconds),
                   raw / "ior.txt", raw / "ior.err")
         self._run(mdtest_command(launcher, a.mdtest, work, a.files_per_task, a.tasks_per_node),
@@ -190,7 +190,7 @@ class Runner:
             jobfile.write_text(fio_jobfile(phase, work, tasks_per_node=a.tasks_per_node, xfer=a.xfer,
                                            block=a.block, seconds=a.seconds, files_per_task=a.files_per_task))
             command = ["srun", f"--nodes={a.nodes}", f"--ntasks={a.nodes}", "--ntasks-per-node=1",
-                       "--kill-on-bad-exit=1", f"--output={raw}/fio-{phase}-%t.json",
+                       "--kill-on-bad-exit=1", *a.srun_option, f"--output={raw}/fio-{phase}-%t.json",
                        f"--error={raw}/fio-{phase}-%t.err",
                        "bash", "-c", FIO_WRAPPER, "fio", "--output-format=json", str(jobfile)]
             self._run(command, raw / f"fio-{phase}.srun.out", raw / f"fio-{phase}.srun.err")
@@ -243,6 +243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ior", default="ior")
     p.add_argument("--mdtest", default="mdtest")
     p.add_argument("--srun-mpi", default="pmix", help="srun --mpi plugin for IOR/mdtest")
+    p.add_argument("--srun-option", action="append", default=[],
+                   help="an srun option for the measuring steps, e.g. Pyxis's --container-image=... (repeatable)")
     p.add_argument("--nodes", type=int, default=int(os.environ.get("SLURM_JOB_NUM_NODES", "1")))
     p.add_argument("--tasks-per-node", type=int, default=1)
     p.add_argument("--xfer", default="16m", help="transfer size per I/O call")

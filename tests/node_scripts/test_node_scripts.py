@@ -287,6 +287,31 @@ def test_node_setup_with_containers_fails_clearly_without_enroot_and_pyxis(tmp_p
     assert "containers:" in proc.stderr and "use a ParallelCluster 3.11+ AMI" in proc.stderr
 
 
+def test_node_setup_with_containers_puts_enroot_work_on_the_local_disk_and_pyxis_on_the_head_node(tmp_path):
+    """The AMI's Enroot and Pyxis examples (the local cluster's stand-ins of them): Enroot configured on every node,
+    its work under the local NVMe's mount point (render.py's, which directory_setup.sh makes again once mounted),
+    Pyxis's SPANK configs put in place by the head node, in the /opt/slurm/etc every node shares."""
+    from cluster_config.render import LOCAL_CACHE_DIR
+    stand_ins = REPO / "local_cluster/stand_ins"
+    env = {"PCLUSTER_EXAMPLES": str(stand_ins / "pyxis/examples"), "PATH": f"{stand_ins}:{os.environ['PATH']}"}
+    nodes = {}
+    for node_type in ("ComputeFleet", "HeadNode"):
+        root = nodes[node_type] = tmp_path / node_type
+        proc = run_node_setup(root, "--containers", node_type=node_type, env=env)
+        assert proc.returncode == 0, proc.stderr
+        settings = dict(line.split(None, 1) for line in (root / "etc/enroot/enroot.conf").read_text().splitlines()
+                        if line and not line.startswith("#"))
+        for key in ("ENROOT_RUNTIME_PATH", "ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_TEMP_PATH"):
+            assert settings[key].startswith(f"{LOCAL_CACHE_DIR}/enroot/"), (key, settings[key])
+        assert (settings["ENROOT_MOUNT_HOME"], settings["ENROOT_RESTRICT_DEV"]) == ("n", "y")
+        for folder in (f"{LOCAL_CACHE_DIR}/enroot", f"{LOCAL_CACHE_DIR}/enroot/tmp", "run/pyxis"):
+            assert oct((root / folder.lstrip("/")).stat().st_mode & 0o7777) == "0o1777", folder
+    head_etc = nodes["HeadNode"] / "opt/slurm/etc"
+    assert (head_etc / "plugstack.conf.d/pyxis.conf").read_text() == (stand_ins / "pyxis/examples/pyxis/pyxis.conf").read_text()
+    assert "include /opt/slurm/etc/plugstack.conf.d/*" in (head_etc / "plugstack.conf").read_text()
+    assert not (nodes["ComputeFleet"] / "opt/slurm/etc").exists()  # the head node's, shared over NFS
+
+
 def test_node_setup_rejects_unknown_arguments(tmp_path):
     proc = run_node_setup(tmp_path, "--raid")
     assert proc.returncode == 2
