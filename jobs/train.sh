@@ -382,11 +382,11 @@ if [[ -z ${CHECKPOINT_S3_URI:-} ]]; then
   echo "CHECKPOINT_S3_URI is not set: final checkpoint left in $CKPT_DIR only" >&2
   exit 0
 fi
-mkdir -p "$FSX_LOGS/backups"  # Slurm does not create an --output folder
+mkdir -p "$FSX_LOGS/backups/$MODEL"  # the model user's own (the node setup makes it); Slurm does not create an --output folder
 export JOBS_DIR  # sbatch passes the environment on: the backup job uses the same bundle
 if ! backup_job="$(sbatch --parsable --dependency="afterok:$SLURM_JOB_ID" --kill-on-invalid-dep=yes \
-  --job-name="backup-$MODEL" --output="$FSX_LOGS/backups/%x_%j.out" "$JOBS_DIR/backup.sh" "$MODEL")"; then
+  --job-name="backup-$MODEL" --output="$FSX_LOGS/backups/$MODEL/%x_%j.out" "$JOBS_DIR/backup.sh" "$MODEL")"; then
   echo "error: training complete, but the backup job could not be submitted — run: sbatch $JOBS_DIR/backup.sh $MODEL" >&2
   exit 1
 fi
-echo "backup: job $backup_job (cpu queue, after job $SLURM_JOB_ID succeeds), log $FSX_LOGS/backups/backup-${MODEL}_$backup_job.out"
+echo "backup: job $backup_job (cpu queue, after job $SLURM_JOB_ID succeeds), log $FSX_LOGS/backups/$MODEL/backup-${MODEL}_$backup_job.out"

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from cli import ArgumentParser, fail
 from cluster_config.capacity_end import capacity_end_file, capacity_end_key
+from cluster_config.quotas import quotas_file, quotas_key
 from cluster_config.model_jobs import job_files, write_job_files
 from cluster_config.render import (
     CONFIG_PREFIX,
@@ -143,6 +144,7 @@ def write_plan(env: str, s3_root: Path, out: Path, jobs_dir: Path, config_dir: P
     (configs / config_key(settings).removeprefix(CONFIG_PREFIX)).write_text(to_yaml(config))
     (configs / models_key(settings).removeprefix(CONFIG_PREFIX)).write_text(models_file(settings))
     (configs / capacity_end_key(settings).removeprefix(CONFIG_PREFIX)).write_text(capacity_end_file(settings))
+    (configs / quotas_key(settings).removeprefix(CONFIG_PREFIX)).write_text(quotas_file(settings))
 
     write_job_files(settings, jobs_dir)
 

@@ -21,16 +21,18 @@
 # OnNodeUpdated adds the list's SHA-256: a changed list changes the config, so an update re-runs
 # this script, which checks it fetched that very list. Beside the list lies the GPU queue's end
 # (NAME.capacity_end, cluster_config/capacity_end.py; its SHA-256 in OnNodeUpdated too): the head node
-# keeps Slurm's maintenance reservation and the end's backups to it (slurm_capacity_end.sh).
+# keeps Slurm's maintenance reservation and the end's backups to it (slurm_capacity_end.sh), and NAME.quotas,
+# each model's project quota on the checkpoint file system (cluster_config/quotas.py, fsx_quotas.sh).
 # Models may also be named as arguments. Per model it creates:
 #   the user and group <model>                  uid = gid from the name (model_uid below): a model's jobs
 #                                               run as its user, so no job of one model can write another's folders
 #   $CHECKPOINTS/<model>/                       the model user's, wide striping (large parallel writes)
 #   $LOGS/<model>/{,tensorboard/}                the model user's, one stripe (Slurm logs, metrics: many small appends)
+#   $LOGS/{backups,export}/<model>/             the model user's: its backup and export jobs' logs
 # and, shared by all models, $DATA/{raw,tokenized}/ (the cluster user's) with wide striping, the cluster
-# user's $LOGS/{validation,acceptance,data}/, $LOGS/{export,backups}/ where every model's user writes its job's
-# log and removes only its own (sticky, as /tmp), and $LOGS/node-health/, root's, where the prolog/epilog
-# health check keeps every node's failure history.
+# user's $LOGS/{validation,acceptance,data}/, root's $LOGS/{export,backups}/ holding one folder per user
+# (each model's, the cluster user's) where that user's export and backup jobs log, and $LOGS/node-health/,
+# root's, where the prolog/epilog health check keeps every node's failure history.
 #
 # Environment (defaults are the real node; tests point them at temporary folders):
 #   FSX_FSTYPE           file system type each mount must have (default lustre)
@@ -346,6 +348,28 @@ install_monitoring() {
   rm -rf "$dir"
 }
 
+install_quotas() {
+  # Head node only: each model's Lustre project quota on the checkpoint file system (fsx_quotas.sh), from the
+  # file the cluster stack ships beside the model list (cluster_config/quotas.py sizes them from the plan).
+  # Lustre alone enforces them: without lfs (the local cluster) the commands are only written to the log.
+  local scripts_uri="${1%/jobs/}/node_scripts" uri="${2%.models}.quotas" checkpoints="$3" dir
+  dir="$(mktemp -d)"
+  if ! aws s3 cp --only-show-errors "$uri" "$dir/quotas" 2>/dev/null; then
+    rm -rf "$dir"
+    log "no models' quotas at $uri (the cluster stack ships them): no project quotas set"
+    return
+  fi
+  aws s3 cp --only-show-errors "$scripts_uri/fsx_quotas.sh" "$dir/fsx_quotas.sh"
+  if [[ "$HAVE_LFS" == true && "$(findmnt -n -o FSTYPE -T "$checkpoints" || true)" == "$FSX_FSTYPE" ]]; then
+    bash "$dir/fsx_quotas.sh" --checkpoints "$checkpoints" "$dir/quotas" 2>&1 | tee -a "$LOG_FILE" \
+      || { rm -rf "$dir"; die "the models' project quotas could not be set (fsx_quotas.sh above); check that the checkpoint file system enforces project quotas"; }
+  else
+    log "no lfs here: the models' project quotas are not enforced; on Lustre they would be:"
+    bash "$dir/fsx_quotas.sh" --print --checkpoints "$checkpoints" "$dir/quotas" | tee -a "$LOG_FILE" >&2
+  fi
+  rm -rf "$dir"
+}
+
 install_capacity_end() {
   # Head node only: the GPU queue's end as a Slurm maintenance reservation, the running jobs' limits
   # cut to it and each model's backup after it (slurm_capacity_end.sh), from the file the cluster
@@ -425,9 +449,13 @@ make_tree() {
   make_dir "$data/.fsx_perf" wide "$OWNER" "$GROUP" 2755
   make_dir "$checkpoints/.fsx_perf" wide "$OWNER" "$GROUP" 2755
   make_dir "$logs/.fsx_perf" narrow "$OWNER" "$GROUP" 2755
-  # export.sh and backup.sh run as the model's user: any model writes its job's log, each removes only its own.
+  # export.sh and backup.sh run as the model's user and log into $logs/{export,backups}/<user>/ (%u in their
+  # --output), the model's own below (the loop further down): a folder nobody else writes, so no neighbour
+  # can pre-create, read or rewrite a model's next log there. The parents are root's, writable by nobody
+  # else (an earlier release made them 1777: install -d sets the mode anew). The cluster's user gets its own too.
   for folder in export backups; do
-    make_dir "$logs/$folder" narrow root root 1777
+    make_dir "$logs/$folder" narrow root root 0755
+    make_dir "$logs/$folder/$OWNER" narrow "$OWNER" "$GROUP" 2755
   done
   # The health check's failure history (slurm_health_hook.sh): one small append per drain, from any node.
   # Root's alone: the hook (root) trusts it to quarantine nodes and refuses a folder a job could write.
@@ -446,6 +474,8 @@ make_tree() {
     make_dir "$checkpoints/$model" wide "$model" "$model" 2755
     make_dir "$logs/$model" narrow "$model" "$model" 2755
     make_dir "$logs/$model/tensorboard" narrow "$model" "$model" 2755
+    make_dir "$logs/backups/$model" narrow "$model" "$model" 2755
+    make_dir "$logs/export/$model" narrow "$model" "$model" 2755
   done
   log "directory tree ready for $# model(s)"
 }
@@ -525,6 +555,7 @@ main() {
     write_cluster_env "$checkpoint_uri" "$data_uri"
     timed "health hooks" install_health_hooks "$jobs_uri"
     [[ -z "$models_uri" ]] || timed "Slurm accounts" install_accounts "$jobs_uri" "$listed" "$OWNER"
+    [[ -z "$models_uri" ]] || timed "project quotas" install_quotas "$jobs_uri" "$models_uri" "$checkpoints"
     [[ -z "$models_uri" ]] || timed "GPU capacity end" install_capacity_end "$jobs_uri" "$models_uri" "$capacity_end_sha256" "$listed" "$OWNER" "$logs"
   fi
   if [[ -n "$jobs_uri" && -n "$models_uri" ]]; then

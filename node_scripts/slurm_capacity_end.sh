@@ -17,7 +17,7 @@
 #                (jobs/backup.sh from --jobs-dir, its own queue: cpu) beginning at backups, run as
 #                --user (default: the invoking user), or with --model-users (the head node) as each
 #                model's own user: a backup writes through its model's role, which only that user's
-#                credentials reach (model_credentials.sh). Log in --logs/backups/. Moved when the time
+#                credentials reach (model_credentials.sh). Log in --logs/backups/<model>/. Moved when the time
 #                changed; those of models no longer listed are cancelled.
 # Without a line (no Capacity Block end): the reservation capacity_end and its pending backups go.
 # A reservation's name never starts with "pcluster-": ParallelCluster deletes those it did not make.
@@ -147,15 +147,17 @@ while read -r id job; do
     scancel "$id" && log "backup job $id ($job) cancelled: $model is no longer listed"
   fi
 done < <(pending_backups "$name")
-[[ -d $logs/backups ]] || install -d -m 1777 "$logs/backups"  # as directory_setup.sh makes it: every model's user writes there
+[[ -d $logs/backups ]] || install -d -m 0755 "$logs/backups"  # as directory_setup.sh makes it: root's, a folder per user inside
 for model in $(printf '%s\n' "${!listed[@]}" | sort); do
   if [[ -n ${queued[$model]:-} ]]; then
     log "backup of $model: job ${queued[$model]} begins at ${spec[backups]}"
     continue
   fi
-  submitter=("${as_user[@]}")
-  [[ $model_users != true ]] || submitter=(runuser -u "$model" --)
+  submitter=("${as_user[@]}") owner=$user
+  [[ $model_users != true ]] || submitter=(runuser -u "$model" --) owner=$model
+  # The log goes where the job's user alone writes (jobs/own_log.sh refuses any other), as directory_setup.sh makes it.
+  [[ -d $logs/backups/$model ]] || install -d -m 2755 -o "$owner" -g "$(id -gn "$owner")" "$logs/backups/$model"
   id=$(JOBS_DIR="$jobs_dir" "${submitter[@]}" sbatch --parsable --begin="$at" --job-name="backup-$model-$name" \
-    --output="$logs/backups/%x_%j.out" "$jobs_dir/backup.sh" "$model")
+    --output="$logs/backups/$model/%x_%j.out" "$jobs_dir/backup.sh" "$model")
   log "backup of $model: job ${id%%;*} begins at ${spec[backups]} (cpu queue, outside the reservation)"
 done

@@ -31,6 +31,7 @@ from cluster_config.render import (
     session_manager_policy,
 )
 from cluster_config.capacity_end import capacity_end_file, capacity_end_key
+from cluster_config.quotas import quotas_file, quotas_key
 from cluster_config.model_jobs import job_files
 from cluster_config.monitoring import monitoring_file, monitoring_key
 from cluster_config.settings import Settings
@@ -145,6 +146,8 @@ class ClusterStack(cdk.Stack):
                 s3deploy.Source.data(models_key(settings).removeprefix(CONFIG_PREFIX), models_file(settings)),
                 # The GPU queue's end, for the head node's maintenance reservation (cluster_config/capacity_end.py).
                 s3deploy.Source.data(capacity_end_key(settings).removeprefix(CONFIG_PREFIX), capacity_end_file(settings)),
+                # Each model's project quota on the checkpoint file system, from the plan (cluster_config/quotas.py).
+                s3deploy.Source.data(quotas_key(settings).removeprefix(CONFIG_PREFIX), quotas_file(settings)),
                 s3deploy.Source.data(
                     monitoring_key(settings).removeprefix(CONFIG_PREFIX),
                     monitoring_file(settings, remote_write_url=alerts.remote_write_url, region=settings.region),

@@ -16,7 +16,7 @@ Reads only what the jobs leave behind, so it is safe to run at any time from the
 - the newest ``<logs>/<model>/<model>_<job>.err`` (or ``.out``): the resolved config the run logged
   (total steps);
 - ``<checkpoints>/<model>/latest`` and ``STATUS``: the last complete checkpoint and its age;
-- the backup job's log (``<logs>/backups/backup-<model>_*.out``) or the training log: whether the
+- the backup job's log (``<logs>/backups/<model>/backup-<model>_*.out``, in the model user's own folder) or the training log: whether the
   final checkpoint was backed up and verified.
 
 Device-hours count the time of training steps (``step_time_s`` and checkpoint blocking of every
@@ -193,7 +193,7 @@ def checkpoint_state(status: ModelStatus, directory: Path, now: float) -> None:
 
 def backup_state(logs: Path, model: str, run_status: str, latest: str = "-") -> str:
     """``verified`` when the newest backup log line names the latest checkpoint; an older one is named."""
-    candidates = sorted([*logs.glob(f"backups/backup-{model}_*.out"), *(logs / model).glob(f"{model}_*.out"),
+    candidates = sorted([*logs.glob(f"backups/{model}/backup-{model}_*.out"), *(logs / model).glob(f"{model}_*.out"),
                          *(logs / model).glob(f"{model}_*.err")], key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         for line in reversed(path.read_text(errors="replace").splitlines()):

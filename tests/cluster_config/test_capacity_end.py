@@ -122,3 +122,5 @@ def test_the_cluster_stack_ships_the_end_beside_the_model_list(prod_synth):
         if staged.is_dir():
             shipped |= {p.name: p.read_text() for p in staged.iterdir()}.items()
     assert ("llm-prod.capacity_end", capacity_end_file(prod_synth.settings)) in shipped
+    from cluster_config.quotas import quotas_file  # and each model's project quota (node_scripts/fsx_quotas.sh)
+    assert ("llm-prod.quotas", quotas_file(prod_synth.settings)) in shipped

@@ -135,3 +135,26 @@ def test_restore_downloads_checked_files_keeps_good_ones_and_refuses_bad_bytes(s
     assert (elsewhere / "sub/b.bin").read_bytes() == (data_dir / "sub/b.bin").read_bytes()
     assert not (elsewhere / "a.txt").exists()
     assert [p.name for p in elsewhere.rglob("*") if p.is_file() and p.name.endswith(".part")] == []
+
+
+@pytest.mark.parametrize("size", [1000, 6 << 20], ids=["put", "multipart"])
+def test_a_second_writer_of_a_new_key_is_refused_by_s3_itself(s3, tmp_path, size):
+    """The race the sync's own look-up cannot see: another writer creates the key between the sync finding it
+    absent and its write. The write the sync makes then (``_put_new``, with no look-up of its own) carries
+    If-None-Match, and the server refuses it, for a single put and for a multipart upload's completion: the
+    first writer's bytes stay, no upload's parts are left behind, and the refusal is one clear line."""
+    from data_pipeline.upload import UploadError, _put_new
+
+    key = f"tokenized/raced-{size}/shard_000000.tar"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"the first writer's shard")
+    mine = tmp_path / "shard_000000.tar"
+    mine.write_bytes(os.urandom(size))
+    with pytest.raises(UploadError) as refused:
+        _put_new(s3, mine, BUCKET, key, 5 << 20, {"sha256": "mine"})
+    assert str(refused.value) == (f"s3://{BUCKET}/{key} was written by another sync meanwhile — run the sync again "
+                                  "(it skips what matches) or sync to a new folder")
+    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"the first writer's shard"
+    assert s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    # Without the header this server replaces the key: the refusal above is the header's, answered by S3.
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"unconditional")
+    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"unconditional"

@@ -22,7 +22,7 @@ import boto3
 import pytest
 
 from local_cluster import demo_data
-from local_cluster.client import controller_address, wait_for
+from local_cluster.client import controller_address, job_folders, wait_for
 from local_cluster.training_job import TrainingJob
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
@@ -77,7 +77,8 @@ def test_nothing_runs_into_the_capacity_end_and_every_model_saves_and_is_backed_
     client, s3_env = s3
     name = f"capacity_end_test_{uuid.uuid4().hex[:6]}"
     job = TrainingJob(cluster, f"capacity-end-{name[-6:]}")
-    env = {**cluster.env, **s3_env, "FSX_CHECKPOINTS": f"/fsx/{job.root}/checkpoints", "FSX_LOGS": f"/fsx/{job.root}/logs",
+    # The backup takes the job's folders from a root-owned cluster.env, as every model job does (job_folders).
+    env = {**cluster.env, **s3_env, **job_folders(cluster.fsx, job.root),
            "CHECKPOINT_S3_URI": "s3://capacity-end-test/runs", "OMP_NUM_THREADS": "1"}
     submitted: list[str] = []
     try:
@@ -95,7 +96,7 @@ def test_nothing_runs_into_the_capacity_end_and_every_model_saves_and_is_backed_
         made = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "bash", "-c",
              f'mount --bind {cluster.fsx} /fsx && exec bash {SCRIPT} "$@"', "head",
-             "--nodes", NODE, "--jobs-dir", str(REPO / "jobs"), "--logs", f"/fsx/{job.root}/logs",
+             "--nodes", NODE, "--jobs-dir", str(REPO / "jobs"), "--logs", f"/fsx/{job.root}/logs", "--user", "model1",
              str(tmp_path / "end"), str(tmp_path / "models")],
             capture_output=True, text=True, env=env, timeout=60)
         assert made.returncode == 0, made.stdout + made.stderr
@@ -160,7 +161,7 @@ def test_nothing_runs_into_the_capacity_end_and_every_model_saves_and_is_backed_
         # The backup began after every save, on the cpu queue off the reserved node, and verified.
         assert backup, "no backup job was queued"
         done = record(backup)
-        log = job.host_root / "logs" / "backups" / f"backup-model1-{name}_{backup}.out"
+        log = job.host_root / "logs" / "backups" / "model1" / f"backup-model1-{name}_{backup}.out"  # model1's own folder
         assert done["JobState"] == "COMPLETED", log.read_text() if log.exists() else done
         print(f"backup job {backup}: {done['JobState']} on {done['Partition']} ({done['NodeList']}), started "
               f"{local_epoch(done['StartTime']) - resv_start:+.0f} s from the reservation's start, ran {done['RunTime']}")
@@ -174,3 +175,4 @@ def test_nothing_runs_into_the_capacity_end_and_every_model_saves_and_is_backed_
         subprocess.run(["scancel", "-n", f"backup-model1-{name}"], check=False)
         subprocess.run(["scontrol", "delete", f"reservation={name}"], check=False)
         shutil.rmtree(job.host_root, ignore_errors=True)
+        (cluster.fsx / f"{job.root}.env").unlink(missing_ok=True)

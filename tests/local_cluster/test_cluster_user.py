@@ -169,7 +169,7 @@ def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bund
     checkpoints = fsx / "checkpoints/model1"
     assert {path.owner() for path in (checkpoints / "latest", log, fsx / "logs/model1/metrics.jsonl")} == {MODEL_USER}
     backup = queued_by(fsx / f"logs/model1/model1_{job}.out", r"backup: job (\d+)")
-    backup_log = fsx / f"logs/backups/backup-model1_{backup}.out"
+    backup_log = fsx / f"logs/backups/model1/backup-model1_{backup}.out"
     assert wait_for_job(backup, timeout=300) == ("COMPLETED", 0), backup_log.read_text()
     assert user_and_account(backup) == f"{MODEL_USER}|model1" and backup_log.owner() == MODEL_USER
     backed_up = s3.list_objects_v2(Bucket=buckets["backups"], Prefix="model1/")
@@ -187,7 +187,7 @@ def test_the_cluster_user_prepares_data_trains_watches_and_exports_from_the_bund
         cd /opt/llm-jobs/bundle && sbatch --mem=2G jobs/export.sh model1
         """)
     exported = submitted(export)
-    export_log = fsx / f"logs/export/export_{exported}.out"
+    export_log = fsx / f"logs/export/model1/export_{exported}.out"
     assert wait_for_job(exported, timeout=300) == ("COMPLETED", 0), export_log.read_text()
     folder = checkpoints / "export/step_00000020"
     assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors")), list(folder.iterdir())

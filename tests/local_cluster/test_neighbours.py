@@ -4,9 +4,10 @@ over another model's work, on the local cluster.
 The job is model1's: `sudo su - model1` after a Session Manager login, submitted under model1's account,
 running on a node as model1 (node_scripts/directory_setup.sh makes one user per model; slurm_accounts.sh
 gives it its model's account alone). It tries, on model2's lineage: removing, truncating, renaming and
-replacing its checkpoint and log folders' entries, re-pointing its `latest`, changing its folder's mode; on
-Slurm: a job under model2's account or under ops (around the model's one-running-job QOS), cancelling,
-holding and requeueing model2's running job; on S3: deleting model2's backup, changing the backup bucket's
+replacing its checkpoint and log folders' entries, re-pointing its `latest`, changing its folder's mode,
+pre-creating its next backup and export logs (in the root-owned folders above each model's and in model2's
+own) and truncating its last backup log; on Slurm: a job under model2's account or under ops (around the
+model's one-running-job QOS), cancelling, holding and requeueing model2's running job; on S3: deleting model2's backup, changing the backup bucket's
 versioning, squatting model2's final-step key, forging a `verified/` marker of model2's and replacing model2's
 dataset, with the credentials a model user's AWS config gets on a node (the root-owned helper
 node_scripts/model_credentials.sh, through sudo, assuming the caller's model's role) and the models' role
@@ -19,10 +20,14 @@ The same user also names model2 in its own submission (`submit.sh model1 name=mo
 jobs/train_model1.sh --model model2` or `--config jobs/models/model2.yaml`): the preflight refuses before
 sbatch, the job as a user error (exit 2, not requeued) before it touches anything of model2's.
 
-Not here: the bucket policy's refusals of overwrites (a put without If-None-Match) and of deletes by any
-cluster role, which moto does not evaluate (tests/cdk/test_storage_stack.py and test_model_roles.py assert the
-policies); the instance metadata service kept from job users, which this machine does not have (the rules
-node_setup.sh writes: tests/node_scripts/test_node_scripts.py); a second job
+A last test has model2's backup log into a file model1 made first: backup.sh refuses it (jobs/own_log.sh).
+
+Not here: the project quotas, which this machine's /fsx cannot enforce (tests/node_scripts/test_fsx_quotas.py,
+tests/training/test_checkpoint.py); the bucket policy's refusals of overwrites (a put without If-None-Match)
+and of deletes by any cluster role, which moto does not evaluate (tests/cdk/test_storage_stack.py and
+test_model_roles.py assert the policies; a second writer's conditional put is refused by S3 itself:
+tests/data_pipeline/test_data_upload.py); the instance metadata service kept from job users, which this
+machine does not have (the rules node_setup.sh writes: tests/node_scripts/test_node_scripts.py); a second job
 of the same model, and a run killed mid-prune or mid-save (tests/training/test_lineage.py, real trainers).
 """
 
@@ -72,6 +77,13 @@ try mv "$m2" /fsx/checkpoints/model2.old
 try chmod -R a+w "$m2"
 try rm -f "$logs/neighbour-probe.log"
 try truncate -s 0 "$logs/neighbour-probe.log"
+# Pre-create model2's next backup and export logs (predictable names: status trusts a backup log's last lines),
+# in the folders above each model's, shared by all (root's), and in model2's own.
+try touch /fsx/logs/backups/backup-model2_99999.out
+try touch /fsx/logs/export/export_99999.out
+try touch /fsx/logs/backups/model2/backup-model2_99999.out
+try touch /fsx/logs/export/model2/export_99999.out
+try truncate -s 0 /fsx/logs/backups/model2/backup-model2_10.out
 try sbatch --account=model2 --wrap true
 try sbatch --account=ops --wrap true
 try scancel "$MODEL2_JOB"
@@ -101,6 +113,7 @@ echo "as $(id -un) on $(hostname), account $SLURM_JOB_ACCOUNT"
 """
 # Why each attempt must fail: the file system's permissions, Slurm's accounts and job ownership, S3's IAM.
 REFUSED_BECAUSE = {"rm ": "Permission denied", "truncate ": "Permission denied", "cp ": "Permission denied",
+                   "touch ": "Permission denied",
                    "mkdir ": "Permission denied", "ln ": "Permission denied", "mv ": "Permission denied",
                    "chmod ": "Operation not permitted", "sbatch ": "Invalid account",
                    "scancel ": "Access/permission denied", "scontrol hold ": "Invalid user id",
@@ -127,22 +140,41 @@ def tree_digest(*roots: Path) -> dict[str, str]:
 
 @pytest.fixture
 def model2_lineage(slurm_cluster):
-    """A checkpoint of model2's and a log file of its, as its jobs leave them (its user's); removed afterwards."""
+    """A checkpoint of model2's, a log file of its and a backup log of its, as its jobs leave them (its user's);
+    removed afterwards. The backup and export log folders are as the node setup made them (directory_setup.sh)."""
     fsx = slurm_cluster.fsx
     step = fsx / "checkpoints/model2/step_00000010"
     probe = fsx / "logs/model2/neighbour-probe.log"
+    backup_log = fsx / "logs/backups/model2/backup-model2_10.out"
+    for shared in ("backups", "export"):
+        folder = fsx / "logs" / shared
+        assert (folder.owner(), stat.filemode(folder.stat().st_mode)) == ("root", "drwxr-xr-x"), \
+            f"{folder} is not as directory_setup.sh makes it (root's, 755): was the cluster booted before it changed?"
+        assert (folder / "model2").owner() == "model2" and (folder / "model1").owner() == "model1"
     shutil.rmtree(step, ignore_errors=True)
     step.mkdir()
     (step / "train_meta.json").write_text(json.dumps({"step": 10}))
     (step / ".metadata").write_bytes(os.urandom(256))
     probe.write_text("loss 2.5\n")
-    for path in (step, *step.iterdir(), probe):
+    backup_log.write_text("INFO backed up and verified 3 files (3 uploaded, 0 already in S3): s3://b/model2/step_00000010/\n")
+    for path in (step, *step.iterdir(), probe, backup_log):
         shutil.chown(path, "model2", "model2")
     try:
         yield fsx / "checkpoints/model2", fsx / "logs/model2"
     finally:
         shutil.rmtree(step, ignore_errors=True)
         probe.unlink(missing_ok=True)
+        backup_log.unlink(missing_ok=True)
+
+
+def model2_logs(fsx: Path) -> list[Path]:
+    """model2's backup and export log folders (its user's)."""
+    return [fsx / "logs/backups/model2", fsx / "logs/export/model2"]
+
+
+def shared_entries(fsx: Path) -> dict[str, list[str]]:
+    """What the folders above each model's log folders hold: one folder per user, nothing else."""
+    return {shared: sorted(os.listdir(fsx / "logs" / shared)) for shared in ("backups", "export")}
 
 
 @pytest.fixture
@@ -234,8 +266,9 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
     script.write_text(ATTACKS)
     script.chmod(0o755)
     try:
-        wait_for("model2's job to run", lambda: job_state(model2_job) == "RUNNING", timeout=60)
-        before = tree_digest(checkpoints, logs)
+        wait_for("model2's job to run", lambda: job_state(model2_job) == "RUNNING", timeout=300)  # behind other jobs
+        fsx = slurm_cluster.fsx
+        before, shared_before = tree_digest(checkpoints, logs, *model2_logs(fsx)), shared_entries(fsx)
         attack = login(f"""\
             sudo su - model1
             cd /opt/llm-jobs/bundle
@@ -247,7 +280,7 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
         lines = output.read_text().splitlines()
         assert lines[-1].startswith("as model1 on node") and lines[-1].endswith("account model1"), lines
         attempts, controls = lines[:-4], lines[-4:-1]
-        assert len(attempts) == 24, "\n".join(lines)
+        assert len(attempts) == 29, "\n".join(lines)
         for line in attempts:
             command = line.removeprefix("refused: ")
             assert line.startswith("refused: "), "\n".join(lines)
@@ -255,7 +288,8 @@ def test_a_job_of_one_model_can_neither_destroy_nor_take_over_anothers_work(slur
         assert [c.split(" {")[0] for c in controls] == [
             "DONE: touch /fsx/checkpoints/model1/neighbour-own-file", "DONE: s3 put_object", "DONE: s3 list_objects_v2"], \
             "\n".join(lines)
-        assert tree_digest(checkpoints, logs) == before
+        assert tree_digest(checkpoints, logs, *model2_logs(fsx)) == before
+        assert shared_entries(fsx) == shared_before  # no pre-created log of model2's anywhere
         assert job_state(model2_job) == "RUNNING"  # neither cancelled, held nor requeued
         # model2's own second job waits for its first (the QOS's one running job): its user has no other
         # account to go around it. (Where accounting is off, the trainer's lease refuses the second:
@@ -323,3 +357,45 @@ def test_a_models_submission_cannot_name_another_model(slurm_cluster, model2_lin
         subprocess.run(["scancel", *jobs.values()])
         shutil.rmtree(slurm_cluster.fsx / root, ignore_errors=True)
         (slurm_cluster.fsx / f"{root}.env").unlink(missing_ok=True)
+
+
+def test_a_backup_logs_into_its_users_own_folder_and_stops_on_a_log_a_neighbour_made(slurm_cluster):
+    """jobs/backup.sh's own --output (`%u`: the job's user, named as its model) lands in that user's folder; a log
+    path a neighbour made first (model1 pre-creating model2's log, writable by all, in a folder of its own that
+    all may write, as the old shared folder was) is refused by model2's job before it writes anything else."""
+    fsx = slurm_cluster.fsx
+    shared = fsx / f"tests/shared-logs-{uuid.uuid4().hex[:8]}"
+    shared.mkdir(parents=True)
+    give_to("model1", shared)
+    shared.chmod(0o1777)
+    squatted = shared / "backup-model2.out"
+    squatted.write_text("INFO backed up and verified 3 files (3 uploaded, 0 already in S3): s3://b/model2/step_00099999/\n")
+    give_to("model1", squatted)
+    squatted.chmod(0o666)
+    # A cluster.env of root's naming no backup bucket (local_cluster/client.py job_folders): each job stops at
+    # that check, after the log's, and touches no model's checkpoints.
+    cluster_env = job_folders(fsx, shared.relative_to(fsx).as_posix())["CLUSTER_ENV"]
+    own = refused = ""
+    try:
+        own = submitted(login(f"""\
+            sudo su - model1
+            cd /opt/llm-jobs/bundle && CLUSTER_ENV={cluster_env} sbatch jobs/backup.sh model1
+            """))
+        refused = submitted(login(f"""\
+            sudo su - model2
+            cd /opt/llm-jobs/bundle && CLUSTER_ENV={cluster_env} sbatch --output=/fsx/{squatted.relative_to(fsx)} jobs/backup.sh model2
+            """))
+        log = fsx / f"logs/backups/model1/backup_{own}.out"
+        assert wait_for_job(own, timeout=120) == ("FAILED", 1)
+        assert log.owner() == "model1" and log.read_text().startswith("error: CHECKPOINT_S3_URI is not set"), log.read_text()
+        assert wait_for_job(refused, timeout=120) == ("FAILED", 1)
+        assert (f"error: this job's log /fsx/{squatted.relative_to(fsx)} is model1's, not model2's: another user made "
+                f"it first and can rewrite it; submit with the script's own --output, in /fsx/{shared.relative_to(fsx)}/logs/backups/model2/"
+                in squatted.read_text()), squatted.read_text()
+        assert "CHECKPOINT_S3_URI" not in squatted.read_text()  # it stopped there
+    finally:
+        subprocess.run(["scancel", *(job for job in (own, refused) if job)])
+        shutil.rmtree(shared, ignore_errors=True)
+        (fsx / f"{shared.relative_to(fsx)}.env").unlink(missing_ok=True)
+        if own:
+            (fsx / f"logs/backups/model1/backup_{own}.out").unlink(missing_ok=True)

@@ -98,6 +98,8 @@ def test_boot_plan_holds_the_rendered_actions_and_the_bucket_the_stack_uploads(t
     models = [line.split() for line in (bucket / "cluster" / "llm-dev.models").read_text().splitlines()]
     assert [(name, nodes) for name, nodes, _ in models] == [("model1", "2"), ("model2", "1")]
     assert [role.rsplit("/", 1)[1] for _, _, role in models] == ["llm-dev-model1", "llm-dev-model2"]  # stacks/model_roles.py
+    quotas = [line.split()[:2] for line in (bucket / "cluster" / "llm-dev.quotas").read_text().splitlines() if line[0] != "#"]
+    assert quotas == [["model1", "40862"], ["model2", "57122"]]  # each model's project quota, as the stack ships it
     assert not list(bucket.rglob("__pycache__")) and not list(bucket.rglob("*.pyc"))
     assert (bucket / "jobs" / "models" / "cluster.json").is_file()  # what the bundle's commands read of the settings
     assert stack_excludes()[1] == ["train_*.sh", "models/*.yaml", "models/cluster.json"]  # read from stacks/cluster_stack.py

@@ -101,7 +101,7 @@ def test_queues_each_models_backup_on_its_own_queue_once_every_save_is_over(head
     assert result.returncode == 0, result.stderr
     sbatch = [c for c in head.calls() if c.startswith("sbatch")]
     assert sbatch == [f"sbatch --parsable --begin={local(head.backups)} --job-name=backup-{m}-capacity_end "
-                      f"--output={head.root}/logs/backups/%x_%j.out /opt/llm-jobs/bundle/jobs/backup.sh {m}"
+                      f"--output={head.root}/logs/backups/{m}/%x_%j.out /opt/llm-jobs/bundle/jobs/backup.sh {m}"
                       for m in ("model1", "model2")]
     assert "Nodes=node3" in next(c for c in head.calls() if c.startswith("scontrol create"))
 
@@ -181,6 +181,7 @@ def test_the_head_nodes_setup_reserves_the_end_it_fetched_and_checks_its_digest(
     end = (f"# generated\nreservation=capacity_end partition=gpu start={utc(now + timedelta(days=1))} "
            f"end={utc(now + timedelta(days=1, minutes=40))} backups={utc(now + timedelta(days=1, minutes=7))}\n")
     (bucket / "cluster" / "llm.capacity_end").write_text(end)
+    (bucket / "cluster" / "llm.quotas").write_text("# cluster_config/quotas.py\nmodel1 40862 377\n")
     aws = node / "bin" / "aws"  # `aws s3 sync|cp s3://assets/KEY DEST` from the folder
     aws.write_text(f'#!/bin/bash\nset -e\nargs=(); for a; do [[ $a == --* ]] || args+=("$a"); done\n'
                    f'src="{bucket}/${{args[2]#s3://assets/}}" dst="${{args[3]}}"\n'
@@ -208,6 +209,10 @@ def test_the_head_nodes_setup_reserves_the_end_it_fetched_and_checks_its_digest(
     assert "runuser -u model1 -- sbatch --parsable" in calls  # as model1, not as the cluster's user
     assert f"{node / 'jobs_home' / 'bundle' / 'jobs' / 'backup.sh'} model1" in calls  # the bundle the head node installed
     assert "step 'GPU capacity end' took" in proc.stderr
+    # The models' project quotas (fsx_quotas.sh): no lfs here, so the commands Lustre would run are logged.
+    assert "no lfs here: the models' project quotas are not enforced; on Lustre they would be:" in proc.stderr
+    assert (f"lfs project -p 40862 -s -r {node / 'checkpoints' / 'model1'}\n"
+            f"lfs setquota -p 40862 -B 377G {node / 'checkpoints'}\n") in proc.stderr
     # Every model user's credentials are its own model's role's: the helper, root's; its sudo rule (no
     # arguments); the model-role list; on the head node the model user's ~/.aws/config (model_credentials.sh).
     helper = node / "sbin" / "llm-model-credentials"

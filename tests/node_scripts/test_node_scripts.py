@@ -96,8 +96,11 @@ def test_directory_setup_gives_each_model_its_user_and_folders_and_the_cluster_u
     for model in ("model1", "model7"):  # the model's user writes them, every other user only reads
         for expected in (model, f"{model}/tensorboard"):
             assert entries[expected] == (model, "2755"), (expected, entries)
-    for expected in ("export", "backups"):  # every model's export and backup logs; each removes only its own
-        assert entries[expected] == ("root", "1777"), (expected, entries)
+    for expected in ("export", "backups"):  # root's, one folder per user inside: none writable by another user
+        assert entries[expected] == ("root", "755"), (expected, entries)
+        assert entries[f"{expected}/nobody"] == ("nobody", "2755"), entries  # the cluster's user's
+        for model in ("model1", "model7"):  # each model's export and backup logs, its user's alone
+            assert entries[f"{expected}/{model}"] == (model, "2755"), (expected, entries)
     assert entries["node-health"] == ("root", "755")  # the health hook (root) trusts what is in it
     passwd = (node / "etc/passwd").read_text().splitlines()  # the namespace's own /etc (a node's), not this machine's
     for model in ("model1", "model7"):
@@ -110,7 +113,12 @@ def test_directory_setup_gives_each_model_its_user_and_folders_and_the_cluster_u
 @needs_mount_namespace
 def test_directory_setup_is_idempotent(node):
     # Both runs in one namespace, so the second finds what the first made.
-    command = f"bash {SCRIPTS / 'directory_setup.sh'} \"$@\" && bash {SCRIPTS / 'directory_setup.sh'} \"$@\""
+    # Between the runs, the shared log folders as an earlier release left them (world-writable, sticky): the
+    # second run makes them root's alone again.
+    shared = f"chmod 1777 {node / 'logs/backups'} {node / 'logs/export'}"
+    listing = f"stat -c '%n %U %a' {node / 'logs/backups'} {node / 'logs/export'} {node / 'logs/backups/model1'}"
+    command = (f"bash {SCRIPTS / 'directory_setup.sh'} \"$@\" && {shared} && bash {SCRIPTS / 'directory_setup.sh'} \"$@\""
+               f" && {listing}")
     env = {**os.environ, **node_env(node)}
     mounts = " && ".join([own_etc(node), *(f"mount -t tmpfs tmpfs {node / n}" for n in ("data", "checkpoints", "logs"))])
     args = ["--data", str(node / "data"), "--checkpoints", str(node / "checkpoints"), "--logs", str(node / "logs"), "model1"]
@@ -120,6 +128,8 @@ def test_directory_setup_is_idempotent(node):
     )
     assert proc.returncode == 0, proc.stderr
     assert (node / "log" / "llm-directory-setup.log").read_text().count("directory tree ready") == 2
+    assert proc.stdout.splitlines() == [f"{node / 'logs/backups'} root 755", f"{node / 'logs/export'} root 755",
+                                        f"{node / 'logs/backups/model1'} model1 2755"]
 
 
 @needs_mount_namespace
@@ -153,8 +163,12 @@ def test_directory_setup_stripes_wide_for_data_and_checkpoints_single_for_logs(n
     assert f"setstripe -c -1 -S 4M {node / 'data' / '.fsx_perf'}" in lines
     assert f"setstripe -c -1 -S 4M {node / 'checkpoints' / '.fsx_perf'}" in lines
     assert f"setstripe -c 1 {node / 'logs' / '.fsx_perf'}" in lines
-    # data/{raw,tokenized}, 8 job log folders and node-health, 3 work folders, model1 checkpoints + 2 log folders
-    assert len(lines) == 2 + 9 + 3 + 1 + 2
+    for user in ("nobody", "model1"):  # the backup and export logs' folder of each user
+        assert f"setstripe -c 1 {node / 'logs' / 'backups' / user}" in lines
+        assert f"setstripe -c 1 {node / 'logs' / 'export' / user}" in lines
+    # data/{raw,tokenized}, 8 job log folders and node-health, 3 work folders, model1 checkpoints + 2 log folders,
+    # backups/ and export/ of the cluster user and of model1
+    assert len(lines) == 2 + 9 + 3 + 1 + 2 + 2 + 2
 
 
 @needs_mount_namespace
@@ -246,13 +260,13 @@ def test_health_hook_leaves_a_healthy_node_alone_and_drains_on_a_hung_check(tmp_
     assert rc == 0 and "state=drain" in calls and "no answer within 1s" in calls
 
 
-def run_node_setup(root: Path, *args: str, node_type: str = "ComputeFleet"):
+def run_node_setup(root: Path, *args: str, node_type: str = "ComputeFleet", env: dict[str, str] | None = None):
     """node_setup.sh on a stand-in node: its cfnconfig, and iptables recording the rules it would enforce."""
     cfnconfig = root / "etc/parallelcluster/cfnconfig"
     cfnconfig.parent.mkdir(parents=True, exist_ok=True)
     cfnconfig.write_text(f"cfn_node_type={node_type}\ncfn_cluster_user=ec2-user\n")
     env = {**os.environ, "NODE_ROOT": str(root), "LOG_DIR": str(root / "log"),
-           "IPTABLES": str(REPO / "local_cluster/stand_ins/iptables")}
+           "IPTABLES": str(REPO / "local_cluster/stand_ins/iptables"), **(env or {})}
     return subprocess.run(["bash", str(SCRIPTS / "node_setup.sh"), *args], capture_output=True, text=True, env=env)
 
 

@@ -150,3 +150,38 @@ def test_pruning_runs_on_a_cleaner_thread_and_spares_the_loaded_and_newer(tmp_pa
     ckpt.close()
     assert ckpt.steps() == [25, 30, 40]
     assert calls == [("step_00000010", False), ("step_00000020", False)]  # never on the training thread
+
+
+@pytest.mark.parametrize("async_save", [True, False], ids=["periodic", "final"])
+def test_a_save_refused_for_the_models_quota_names_the_quota_and_the_fix(tmp_path, d, monkeypatch, caplog, async_save):
+    """Lustre answers EDQUOT when the model's project quota is full (node_scripts/fsx_quotas.sh); the free-space check
+    before a save cannot see it. The errno is injected where DCP's writer syncs each file (os.fsync): a periodic
+    save is logged naming the quota and the fix and training goes on, a final one stops the run with the same."""
+    import errno
+    import os
+
+    from training.checkpoints.checkpointer import NoRoomForCheckpoint
+
+    ckpt = saved_checkpointer(tmp_path, d, [10])
+
+    def over_quota(fd):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    ckpt = Checkpointer(tmp_path, keep=5, async_save=async_save, d=d, identity=IDENTITY)
+    monkeypatch.setattr(os, "fsync", over_quota)
+    quota = (f"{tmp_path} is over its model's quota (Disk quota exceeded): project {tmp_path.stat().st_uid}'s quota on "
+             "the checkpoint file system")
+    fix = f"`lfs quota -h -p {tmp_path.stat().st_uid} {tmp_path}`; make room"
+    with caplog.at_level(logging.ERROR):
+        if async_save:
+            ckpt.save(20, state(20.0, 20))
+            ckpt.close()
+            assert quota in caplog.text and fix in caplog.text, caplog.text
+        else:
+            with pytest.raises(NoRoomForCheckpoint) as stopped:
+                ckpt.save(20, state(20.0, 20), wait=True)
+            assert quota in str(stopped.value) and fix in str(stopped.value)
+            assert "`latest` still names step 10" in str(stopped.value)
+            ckpt.close()
+    assert (tmp_path / "latest").read_text() == "step_00000010\n" and ckpt.steps() == [10]
+    assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []

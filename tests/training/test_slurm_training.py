@@ -189,7 +189,7 @@ def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(
     backup_id = found.group(1)
     SUBMITTED.append(backup_id)
     state, code = slurm_cluster.wait(backup_id, timeout=300)
-    backup_log = uninterrupted.host_root / f"logs/backups/backup-model1_{backup_id}.out"
+    backup_log = uninterrupted.host_root / f"logs/backups/model1/backup-model1_{backup_id}.out"
     assert (state, code) == ("COMPLETED", 0), backup_log.read_text()[-3000:] if backup_log.exists() else state
     (record,), (training,) = slurm_cluster.jobs(backup_id), slurm_cluster.jobs(uninterrupted.id)
     # Its own single-node job on the CPU queue, started only once the training allocation had ended.
@@ -208,9 +208,9 @@ def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(
 
     # Submitted again by hand (as after an interruption): it checks everything and sends nothing.
     rerun = slurm_cluster.sbatch("jobs/backup.sh", "model1", env=uninterrupted.env, user="model1",
-                                 options=[f"--output=/fsx/{uninterrupted.root}/logs/backups/rerun_%j.out"])
+                                 options=[f"--output=/fsx/{uninterrupted.root}/logs/backups/model1/rerun_%j.out"])
     SUBMITTED.append(rerun)
-    rerun_log = uninterrupted.host_root / f"logs/backups/rerun_{rerun}.out"
+    rerun_log = uninterrupted.host_root / f"logs/backups/model1/rerun_{rerun}.out"
     assert slurm_cluster.wait(rerun, timeout=300) == ("COMPLETED", 0), rerun_log.read_text()[-3000:]
     assert f"backed up and verified {n} files (0 uploaded, {n} already in S3)" in rerun_log.read_text()
 

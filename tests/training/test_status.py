@@ -36,9 +36,13 @@ def test_status_reports_progress_losses_checkpoint_and_recoveries(resumed):
     assert status.checkpoint == "step_00000012" and 0 <= status.checkpoint_age_s < 600
     assert status.run_status == "complete" and status.eta_s is None
     assert status.backup == "not yet"  # complete, no backup job has run
-    backups = resumed.root / "logs/backups"
-    backups.mkdir(exist_ok=True)
+    backups = resumed.root / "logs/backups/model1"  # the model user's own folder (directory_setup.sh)
+    backups.mkdir(parents=True, exist_ok=True)
     line = "INFO backed up and verified 3 files (3 uploaded, 0 already in S3): s3://b/model1/step_{:08d}/\n"
+    # A log in the shared folder above it (where a neighbour could have written one) is not read.
+    (backups.parent / "backup-model1_9.out").write_text(line.format(12))
+    assert collect(["model1"], resumed.root / "logs", resumed.root / "checkpoints")[0].backup == "not yet"
+    (backups.parent / "backup-model1_9.out").unlink()
     (backups / "backup-model1_7.out").write_text(line.format(8))
     assert collect(["model1"], resumed.root / "logs", resumed.root / "checkpoints")[0].backup == "older: step_00000008"
     (backups / "backup-model1_8.out").write_text(line.format(12))

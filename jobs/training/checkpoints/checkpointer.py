@@ -35,7 +35,10 @@ counted once) with the free space of the file system and all ranks follow its an
 save that does not fit is skipped with a warning naming the path and the numbers (training goes
 on; ``latest`` still names the previous checkpoint); a final save that does not fit raises
 ``NoRoomForCheckpoint`` (exit 2: a human must make room). A save that fails anyway (the disk
-filled while writing) is logged and its partial folder removed; ``latest`` is never touched.
+filled while writing) is logged and its partial folder removed; ``latest`` is never touched. A write
+refused for the model's quota (EDQUOT: its Lustre project quota on the checkpoint file system, which
+the head node sets from the plan, node_scripts/fsx_quotas.sh) says so, with the quota and the fix: a
+free-space check cannot see a quota, and one model's full quota stops only that model's saves.
 
 HSDP: the replicas (``dp_replicate``) hold identical shards of model and optimizer, so only
 replica 0 touches them on disk. On resume its ranks read them and broadcast every tensor to the
@@ -48,6 +51,7 @@ once instead of 2.7 TB: ~31 s at the file system's 7.2 GB/s instead of ~6 min.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -154,7 +158,7 @@ class Checkpointer:
             except (Exception, dcp.CheckpointException) as exc:
                 self._failed(step, exc)
                 raise NoRoomForCheckpoint(f"the final checkpoint {self.step_dir(step)} could not be written "
-                                          f"({_first_line(exc)}); "
+                                          f"({self._why_not_written(exc)}); "
                                           f"`latest` still names step {self.latest_step()}") from None
             self._commit(step, start, meta or {})
         return time.perf_counter() - start
@@ -180,9 +184,24 @@ class Checkpointer:
             return ""
         return (f"checkpoint step {step} needs {needed / 2**30:.2f} GiB but {self.dir} has {free / 2**30:.2f} GiB free")
 
+    def _why_not_written(self, exc: BaseException) -> str:
+        """What stopped a save, in one line: the model's quota or a full file system (and the fix), else the error."""
+        code = _errno(exc)
+        if code == errno.EDQUOT:
+            owner = self.dir.stat().st_uid  # the model's user, whose uid is its project id (fsx_quotas.sh)
+            return (f"{self.dir} is over its model's quota (Disk quota exceeded): project {owner}'s quota on the "
+                    f"checkpoint file system, sized from the plan for checkpoint.keep + 2 checkpoints. Only this "
+                    f"model's saves stop. See it with `lfs quota -h -p {owner} {self.dir}`; make room (remove old "
+                    "exports under export/, lower checkpoint.keep) or have root raise it (`lfs setquota -p "
+                    f"{owner} -B <size> <mount>`)")
+        if code == errno.ENOSPC:
+            return (f"the checkpoint file system of {self.dir} is full (No space left on device): free space there "
+                    "or raise storage.checkpoints.storage_capacity_gib")
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+
     def _failed(self, step: int, exc: BaseException) -> None:
         log.error("checkpoint step %d could not be written (%s: %s); `latest` still names step %d",
-                  step, type(exc).__name__, _first_line(exc), self.latest_step())
+                  step, self._why_not_written(exc), self.latest_step())
         if self.d.is_main:
             shutil.rmtree(self.partial_dir(step), ignore_errors=True)
 
@@ -445,6 +464,23 @@ def _leaves(tree: dict | list):
             yield from _leaves(value)
         else:
             yield tree, key, value
+
+
+def _errno(exc: BaseException) -> int | None:
+    """The errno of the OSError behind ``exc``: itself, its cause or context, or a rank's failure that DCP
+    wrapped (CheckpointException.failures)."""
+    seen: list[BaseException] = []
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or any(current is s for s in seen):
+            continue
+        seen.append(current)
+        if isinstance(current, OSError) and current.errno:
+            return current.errno
+        pending += [current.__cause__, current.__context__]
+        pending += [failure[0] for failure in getattr(current, "failures", {}).values()]
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
