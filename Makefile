@@ -102,9 +102,11 @@ bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.data_pipeline
 	$(PY) -m benchmarks.communication  # collectives of each prod layout's step vs the analytic minimum (fake process group)
 	$(PY) -m benchmarks.replica_check  # the replica sentinel's cost per prod model vs a plain read of the same bytes
+	$(PY) -m benchmarks.replica_check.checks  # the at-rest digest's and the replay's share of a step (target < 1 % each)
 	$(PY) -m benchmarks.snapshot  # a snapshot in memory: what it blocks, its writer, per prod model against its interval
 	$(PY) -m benchmarks.hf_import  # bytes each rank reads of a released checkpoint (model.init_from), prod's import times
 	$(PY) -m benchmarks.straggler_probe  # the straggler probe's noise: what its margin and window are chosen from
+	$(PY) -m benchmarks.straggler_study  # the straggler rule at model7's size on that noise: detection, causes, false evictions (seconds)
 	$(PY) -m benchmarks.export  # the Hugging Face export's peak memory vs its largest tensor; 70B's extrapolated
 	local_cluster/cluster.sh up  # the training benchmark's data-wait figure comes from a two-node run
 	$(PY) -m benchmarks.training

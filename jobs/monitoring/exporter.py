@@ -71,7 +71,7 @@ METRICS = {
     "llm_training_failed": ("gauge", "1 when started, not complete, and no job running or pending."),
     "llm_training_eta_timestamp_seconds": ("gauge", "now + (total - step) x step time."),
     "llm_training_deadline_timestamp_seconds": ("gauge", "First launch + the plan's deadline_days."),
-    "llm_training_slowest_rank_excess_ratio": ("gauge", "Last interval: the slowest rank's probe over its peers' median, minus 1."),
+    "llm_training_slowest_rank_excess_ratio": ("gauge", "Last interval: the slowest node's worst figure (gpu, host, storage, network) over the others' median."),
     "llm_training_straggler": ("gauge", "A reported straggler still slowest and over its margin: its excess (labels rank, node)."),
     "llm_slurmctld_up": ("gauge", "1 if scontrol ping says the controller is UP."),
     "llm_slurmdbd_up": ("gauge", "1 if sacctmgr show cluster answers."),
@@ -356,8 +356,8 @@ class Exporter:
             add("llm_training_step_seconds", step_s, model=name)
         if "slowest_excess_pct" in last:
             add("llm_training_slowest_rank_excess_ratio", last["slowest_excess_pct"] / 100, model=name)
-            # The trainer reports a straggler once, after train.straggler_intervals slow intervals; it stays
-            # one while the same rank is still the slowest and over the margin the trainer judged it by.
+            # The trainer reports a straggler node once, after train.straggler_intervals slow intervals of its
+            # window; it stays one while the same node (its first rank) is still the slowest and over the margin.
             if (s := run.straggler) and last.get("slowest_rank") == s.get("rank") and \
                     last["slowest_excess_pct"] > s.get("margin_pct", 0):
                 add("llm_training_straggler", last["slowest_excess_pct"] / 100, model=name,

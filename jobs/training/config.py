@@ -146,18 +146,34 @@ class TrainConfig(_Section):
     timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
     watchdog_floor_s: float = Field(180, gt=0, description="progress watchdog: shortest window without a step")
     watchdog_factor: float = Field(10, gt=0, description="progress watchdog: window = this x the median step time")
-    straggler_margin: float = Field(0.10, gt=0, description="a rank whose probe (a fixed matmul on its device, timed "
-                                    "each log interval: training/resilience/stragglers.py) is this much over the median is slow")
-    straggler_intervals: int = Field(5, gt=0, description="log intervals in a row the same rank must be slow to be "
-                                     "reported as a straggler (a straggler event and a warning naming rank and node)")
+    straggler_margin: float = Field(0.10, gt=0, description="a node this much slower than the median of the others "
+                                    "in one cause (gpu and host probes: a fixed workload timed each log interval; "
+                                    "storage, network: the interval's data wait, the others' wait for it, as shares) is "
+                                    "slow; its ranks' median counts (training/resilience/straggler_rule.py)")
+    straggler_intervals: int = Field(3, gt=0, description="intervals of the last straggler_window a node must be slow "
+                                     "in to be reported as a straggler (a straggler event and a warning naming node, "
+                                     "rank and cause)")
+    straggler_window: int = Field(5, gt=0, description="the log intervals straggler_intervals are counted in")
+    straggler_evict_cost_s: float = Field(
+        0, ge=0, description="wall seconds an eviction costs the run (save, requeue, restart and, with no spare "
+        "node free, the wait for a replacement): a straggler is evicted only when its excess x the run's remaining "
+        "time is more. 0: always (a spare is free). The model jobs get theirs from the plan (cluster_config/goodput.py)")
     straggler_evict: Optional[bool] = Field(
         None, description="a reported straggler's node is taken out: every rank saves a checkpoint, the straggler's "
         "node is reported to the epilog (drained with the evidence, training/resilience/node_suspect.py) and the run exits to be "
         "requeued onto other nodes, counting against the retry budget; false: reported only. Default: on GPU (the "
         "margin comes from a GPU's measured noise), off on CPU (ranks sharing cores fall far behind with nothing wrong)")
-    replica_check_every: int = Field(50, ge=0, description="DDP and HSDP: every n steps and before every checkpoint, "
-                                     "the copies of each parameter compare their bits (training/resilience/replicas.py): silent "
-                                     "data corruption stops the run before it saves; 0: off")
+    replica_check_every: int = Field(50, ge=0, description="every n steps and before every checkpoint, parameters and "
+                                     "optimizer state are checked unchanged since the optimizer step and, where ranks hold "
+                                     "copies (DDP, HSDP, a TP group's unsplit tensors), equal bit for bit "
+                                     "(training/resilience/replicas.py): silent data corruption stops the run before it "
+                                     "saves; a checkpoint saved without it is not `verified`; 0: off")
+    replay_every: int = Field(200, ge=0, description="every n steps the first micro-batch's forward and backward run "
+                              "twice and must agree (training/resilience/replay.py): a transient compute error on one "
+                              "rank stops the run before the optimizer step; 0: off. On GPU only with "
+                              "train.deterministic or a replay_tolerance")
+    replay_tolerance: float = Field(0.0, ge=0, description="the replay's allowed relative difference of float64 sums of "
+                                    "squares; 0: bit-exact (CPU, or GPU with train.deterministic)")
 
 
 class CheckpointConfig(_Section):
@@ -200,6 +216,10 @@ class Config(_Section):
             raise ValueError(f"optim.min_lr {self.optim.min_lr} is above optim.lr {self.optim.lr}; lower min_lr")
         if self.optim.warmup_steps >= self.train.steps:
             raise ValueError(f"optim.warmup_steps {self.optim.warmup_steps} must be below train.steps {self.train.steps}")
+        if self.train.straggler_intervals > self.train.straggler_window:
+            raise ValueError(f"train.straggler_intervals {self.train.straggler_intervals} are counted in the last "
+                             f"train.straggler_window {self.train.straggler_window} intervals: raise straggler_window "
+                             f"to at least {self.train.straggler_intervals} or lower straggler_intervals")
         if self.train.global_batch_size % self.train.micro_batch_size:
             raise ValueError(
                 f"train.global_batch_size {self.train.global_batch_size} is not a multiple of "

@@ -151,6 +151,7 @@ class Steps(Trainer):
         self.model, self.optimizer = build(cfg, model_config, d, mesh)
         self.accum = cfg.grad_accum_steps(d.world_size)
         self.metrics = _Clock()
+        self.at_rest = self.replay = None  # the corruption checks are the trainer's, measured apart (benchmarks/replica_check)
 
 
 def synthetic_batches(cfg: Config, d: distributed.Dist):

@@ -19,6 +19,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from atomic_file import write_atomic
@@ -30,7 +31,7 @@ from training.parallel import distributed
 
 from training.models import hf_weights
 
-from training.resilience import node_suspect, replicas, stragglers
+from training.resilience import node_suspect, replay, replicas, stragglers
 from training.checkpoints.checkpointer import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from training.checkpoints.snapshot import Snapshots
 from training.config import Config, ConfigError, config_keys, load_config
@@ -161,13 +162,21 @@ class Trainer:
         hosts = distributed.hostnames(d)
         self.evict_stragglers = stragglers.evicts(cfg.train.straggler_evict, on_gpu=d.on_gpu)
         self.rank_timing = stragglers.RankTiming(d, hosts, margin=cfg.train.straggler_margin,
-                                                 intervals=cfg.train.straggler_intervals)
-        self.sentinel = None
-        group = replicas.replica_group(cfg.train.parallelism, self.mesh, d) if cfg.train.replica_check_every else None
-        if group is not None:
-            self.sentinel = replicas.Sentinel(self.model, group, hosts)
-        elif cfg.train.replica_check_every:
-            log.info("replica check: none (%s keeps one copy of each parameter shard)", cfg.train.parallelism)
+                                                 intervals=cfg.train.straggler_intervals,
+                                                 window=cfg.train.straggler_window)
+        # Corruption checks: state at rest and its copies before every save, a sampled replay of computation.
+        self.at_rest, self.sentinels = None, []
+        if cfg.train.replica_check_every:
+            self.at_rest = replicas.AtRest(self.model, self.optimizer, d.rank, hosts[d.rank])
+            self.sentinels = replicas.sentinels(cfg.train.parallelism, cfg.train.tensor_parallel, self.mesh, d,
+                                                self.model, self.optimizer, hosts)
+        self.replay = None
+        if cfg.train.replay_every and (not d.on_gpu or cfg.train.deterministic or cfg.train.replay_tolerance):
+            self.replay = replay.Replay(self.model, d, hosts, every=cfg.train.replay_every,
+                                        tolerance=cfg.train.replay_tolerance)
+        elif cfg.train.replay_every and d.is_main:
+            log.warning("replay check: off (GPU kernels that are not deterministic differ run to run; set "
+                        "train.deterministic: true, or train.replay_tolerance to compare within it)")
         self.metrics = Metrics(log_dir=cfg.log.dir, tensorboard_dir=cfg.log.tensorboard_dir, is_main=d.is_main,
                                world_size=d.world_size, device=d.device,
                                tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
@@ -195,11 +204,13 @@ class Trainer:
             last = self.step == cfg.train.steps or stopping
             evict = None  # the straggler whose node this run leaves, after saving
             if self.step % cfg.log.interval == 0 or last:
-                ranks = self.rank_timing.interval(metrics.data_wait)
-                if ranks.new_straggler:
-                    self.report_straggler(ranks)
-                    if self.evict_stragglers and not last:
-                        evict = ranks
+                ranks = self.rank_timing.interval(metrics.data_wait, metrics.clock() - metrics.interval_start)
+                for found in ranks.new:
+                    self.report_straggler(found)
+                if self.evict_stragglers and not last:  # the same figures on every rank: the same choice
+                    remaining_s = (cfg.train.steps - self.step) * ranks.interval_s / cfg.log.interval
+                    evict = next((f for f in ranks.standing if stragglers.worth_evicting(
+                        f, remaining_s=remaining_s, cost_s=cfg.train.straggler_evict_cost_s)), None)
                 metrics.emit(self.step, loss=distributed.mean_over_ranks(loss.item(), d), lr=lr,
                              grad_norm=grad_norm.item(), extra=ranks.fields())
             if self.evaluator and self.evaluator.due(self.step):
@@ -213,8 +224,8 @@ class Trainer:
             due = self.step % cfg.checkpoint.every == 0 or last
             if cfg.checkpoint.every_minutes and not due:  # on any rank's clock, so all ranks save together
                 due = distributed.any_rank(time.monotonic() - last_save >= 60 * cfg.checkpoint.every_minutes, d)
-            if self.sentinel and (due or evict or self.step % cfg.train.replica_check_every == 0):
-                self.check_replicas()  # before a save: no checkpoint holds disagreeing copies
+            if self.at_rest and (due or evict or self.step % cfg.train.replica_check_every == 0):
+                self.check_replicas()  # before a save: no checkpoint holds changed state or disagreeing copies
             if due or evict:
                 with self.watchdog.allow(cfg.train.init_timeout_s):  # a final save is synchronous, an eviction's too
                     metrics.add_checkpoint_block(ckpt.save(self.step, self.app_state(), wait=last or evict is not None,
@@ -250,30 +261,27 @@ class Trainer:
             self.snapshot_noted = self.snapshots.last_written
             self.metrics.event(kind="snapshot", step=self.snapshot_noted, write_s=round(self.snapshots.last_write_s, 3))
 
-    def report_straggler(self, ranks: stragglers.Report) -> None:
-        """Once per episode: the rank and node that held the others back for straggler_intervals intervals."""
-        message = (f"straggler: rank {ranks.slowest_rank} on {ranks.slowest_host} has been {100 * ranks.excess:.0f} % "
-                   f"slower than the median of the other ranks for {ranks.intervals_over} log intervals (probe: a fixed matmul on "
-                   f"its device; train.straggler_margin {self.cfg.train.straggler_margin:g})")
-        if self.d.is_main:
-            log.warning("%s", message)
-        self.metrics.event(kind="straggler", step=self.step, rank=ranks.slowest_rank, node=ranks.slowest_host,
-                           excess_pct=round(100 * ranks.excess, 1), intervals=ranks.intervals_over,
-                           margin_pct=100 * self.cfg.train.straggler_margin)
+    def straggler_line(self, found: stragglers.Finding) -> str:
+        return stragglers.describe(found, margin=self.cfg.train.straggler_margin)
 
-    def evict(self, ranks: stragglers.Report) -> None:
+    def report_straggler(self, found: stragglers.Finding) -> None:
+        """Once per episode: the node that held the others back, and why, in straggler_intervals of the window."""
+        if self.d.is_main:
+            log.warning("%s", self.straggler_line(found))
+        self.metrics.event(kind="straggler", step=self.step, rank=found.rank, node=found.node, cause=found.cause,
+                           excess_pct=round(100 * found.excess, 1), intervals=found.counted,
+                           window=found.window, scope=found.scope, margin_pct=100 * self.cfg.train.straggler_margin)
+
+    def evict(self, found: stragglers.Finding) -> None:
         """Leave the straggler's node: the checkpoint of this step is saved (by every rank, synchronously);
         the straggler's rank reports its node to the epilog, which drains it; FAILURE says why, and every
         rank exits non-zero, so jobs/train.sh requeues the job (a recovery, counted against the retry
         budget: a run that finds a straggler on every allocation ends) and it resumes from this step."""
-        excess = f"{100 * ranks.excess:.0f} %"
-        why = (f"straggler: rank {ranks.slowest_rank} on {ranks.slowest_host} {excess} slower than the median of the "
-               f"other ranks for {ranks.intervals_over} log intervals (train.straggler_margin "
-               f"{self.cfg.train.straggler_margin:g}); saved step {self.step}, evicting the node")
-        if self.d.rank == ranks.slowest_rank:
+        why = f"{self.straggler_line(found)}; saved step {self.step}, evicting the node"
+        if self.d.rank == found.rank:  # the node's first rank speaks for it
             node_suspect.report(why)
-        self.metrics.event(kind="evict", step=self.step, rank=ranks.slowest_rank, node=ranks.slowest_host,
-                           reason="straggler", excess_pct=round(100 * ranks.excess, 1))
+        self.metrics.event(kind="evict", step=self.step, rank=found.rank, node=found.node, cause=found.cause,
+                           reason="straggler", excess_pct=round(100 * found.excess, 1))
         if self.d.is_main:
             log.error("%s: exiting for the job to be requeued on other nodes", why)
             _report_failure(why)
@@ -285,14 +293,21 @@ class Trainer:
         raise NodeEvicted(why)
 
     def check_replicas(self) -> None:
-        """The sentinel's check on every rank; all ranks stop together if any group's copies disagree."""
-        try:
-            self.sentinel.check(self.step)
-            mismatch = None
-        except replicas.ReplicaMismatch as exc:
-            mismatch = exc
+        """The at-rest and copy checks on every rank; all ranks stop together if any rank's state is corrupt."""
+        mismatch = None
+        # Every one (the copies' are collectives); the copies' verdict first: every rank of a group reaches it.
+        for check in (*(s.check for s in self.sentinels), self.at_rest.check):
+            try:
+                check(self.step)
+            except replicas.ReplicaMismatch as exc:
+                mismatch = mismatch or exc
         if not distributed.any_rank(mismatch is not None, self.d):
             return
+        self.stop_for_corruption(mismatch)
+
+    def stop_for_corruption(self, mismatch: replicas.ReplicaMismatch | None) -> NoReturn:
+        """Stop every rank without saving: the suspects report their nodes to the epilog, the run exits to be
+        requeued and resumes from `latest` (verified at its step). ``mismatch``: None where another rank found it."""
         if self.snapshots:  # taken since the copies last agreed: the relaunch reads the (checked) file system
             self.snapshots.discard()
         if mismatch is not None and self.d.rank in mismatch.suspects:
@@ -301,17 +316,21 @@ class Trainer:
             node_suspect.report(f"sdc: rank {self.d.rank}: {mismatch.summary}")
         distributed.any_rank(False, self.d)  # every suspect's report written before any rank exits
         if mismatch is None:
-            raise replicas.ReplicaMismatch(f"another group's replicas disagree after step {self.step}: stopping with them")
+            raise replicas.ReplicaMismatch(f"another rank's state is corrupt after step {self.step}: stopping with it")
         log.error("%s", mismatch)
         self.metrics.event(kind="replica_mismatch", step=self.step, message=str(mismatch))
         _report_failure(f"sdc: {mismatch}")
         raise mismatch
 
     def replica_meta(self) -> dict:
-        """What a checkpoint records of the sentinel: the step its copies were last seen to agree."""
-        if self.sentinel is None:
-            return {"replicas_checked": False}
-        return {"replicas_checked": True, "replicas_agreed_at": self.sentinel.last_agreed}
+        """What a checkpoint records of the checks: ``verified`` (its state was checked at its step: at rest and,
+        where there are copies, across them) and the step its copies were last seen to agree."""
+        if self.at_rest is None:
+            return {"verified": False, "replicas_checked": False}
+        if not self.sentinels:
+            return {"verified": True, "replicas_checked": False}
+        agreed = min(s.last_agreed for s in self.sentinels)
+        return {"verified": agreed == self.step, "replicas_checked": True, "replicas_agreed_at": agreed}
 
     def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step over ``accum`` micro-batches; returns the loss (summed), grad norm and lr."""
@@ -323,13 +342,30 @@ class Trainer:
             batch = next(batches)
             data_wait += self.metrics.clock() - wait_start
             samples = zlib.crc32(batch["input_ids"].numpy().tobytes(), samples)  # which data this rank saw
-            loss_sum += self.forward_backward(batch, sync_grads=micro == self.accum - 1)
+            if micro == 0 and self.replay and self.replay.due(self.step):
+                loss_sum += self.replayed(batch)
+            else:
+                loss_sum += self.forward_backward(batch, sync_grads=micro == self.accum - 1)
         grad_norm = distributed.clip_grad_norm(self.model, self.cfg.optim.grad_clip)
+        if self.at_rest:  # the state as the last step left it, before the optimizer reads it
+            self.at_rest.before_step()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        if self.at_rest:
+            self.at_rest.record(self.step)
         self.metrics.add_step(data_wait=data_wait, samples=samples)
         return loss_sum, grad_norm, lr
+
+    def replayed(self, batch: dict) -> torch.Tensor:
+        """The first micro-batch run twice and compared (training/resilience/replay.py). FSDP/HSDP reduce its
+        gradients into their shards at once (DDP keeps them local until the last micro-batch), so zeroing
+        the gradients between the runs leaves no partial sum behind."""
+        sync = self.accum == 1 or self.cfg.train.parallelism != "ddp"
+        try:
+            return self.replay.check(self.step, lambda: self.forward_backward(batch, sync_grads=sync))
+        except replicas.ReplicaMismatch as exc:  # raised on every rank
+            self.stop_for_corruption(exc)
 
     def forward_backward(self, batch: dict, *, sync_grads: bool) -> torch.Tensor:
         """Loss of one micro-batch (already divided by ``accum``), gradients accumulated into the model."""

@@ -23,12 +23,16 @@ a restart see of the trainer, in compressed time (``SIM_TIME_SCALE`` simulated s
   its timeout). SIGUSR1/SIGTERM make rank 0 check at the next step that every rank is still there, save,
   write STATUS stopped and release the others (exit 0);
 - a slow node (a straggler, docs/goodput.md): the simulation writes its slowdown ``x`` to
-  ``$SIM_SLOW_MARKERS/<node>``. Each rank's probe is ``1 + x`` of its node (1 without a marker); rank 0
-  reads its ranks' markers whenever the folder changes (one stat a step) and paces every step at the
-  slowest rank's probe, as a synchronous step waits for its slowest rank. Each log interval it applies
-  ``training/resilience/stragglers.py``'s rule to the probes (``slowest_rank``, ``slowest_excess_pct`` in the line):
-  a rank over ``train.straggler_margin`` for ``train.straggler_intervals`` intervals in a row is a
-  straggler (a ``straggler`` event). With ``train.straggler_evict`` (unset: on, the GPUs stood in for)
+  ``$SIM_SLOW_MARKERS/<node>``. A node's pace is ``1 + x`` (1 without a marker); rank 0 reads its ranks'
+  markers whenever the folder changes (one stat a step) and paces every step at the slowest node's, as a
+  synchronous step waits for its slowest rank. Each log interval it applies the trainer's rule
+  (``training/resilience/straggler_rule.py``) to probes with the H200's measured noise (probe_noise.py): each
+  node's figure is ``1 + x`` times the median of its 8 GPUs' noisy probes, host probes likewise without ``x``
+  (``probe_node``, ``probe_excess_pct`` in the line; ``slowest_*`` are the noiseless pace's, the report's
+  measure of what slow nodes held back). A node over ``train.straggler_margin`` in
+  ``train.straggler_intervals`` of the last ``train.straggler_window`` intervals is a straggler (a ``straggler``
+  event). With ``train.straggler_evict`` (unset: on, the GPUs stood in for) and its slowdown until the run's
+  end costing more than ``train.straggler_evict_cost_s`` (simulated seconds),
   it then does what the trainer does: saves synchronously, has the straggler's rank report its node to
   the epilog (training/resilience/node_suspect.py: drained with the reason), writes the reason to
   ``TRAIN_FAILURE_FILE`` and an ``evict`` event, and every rank exits 1 for jobs/train.sh to requeue.
@@ -41,14 +45,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import select
 import signal
 import socket
+import statistics
 import struct
 import sys
 import time
 from pathlib import Path
+
+import probe_noise  # beside this file: the stand-in runs as a script, its folder first on the path
+from training.resilience.straggler_rule import Figures, Finding, NodeRule, describe, worth_evicting  # torch-free
+
+GPUS_PER_NODE = 8  # each rank stands for a node of 8 GPUs
 
 LATEST, META, STATUS = "latest", "train_meta.json", "STATUS"
 STEP_DIR = re.compile(r"step_(\d{8})")
@@ -246,13 +257,23 @@ class Peers:
 
 
 class Probes:
-    """Each rank's probe: ``1 + x`` for a node the simulation slowed by ``x`` (``<folder>/<node>``), else 1.
-    The markers are read again when the folder changes: a stat a step, nothing while no node is slow."""
+    """Each rank's pace: ``1 + x`` for a node the simulation slowed by ``x`` (``<folder>/<node>``), else 1.
+    The markers are read again when the folder changes: a stat a step, nothing while no node is slow.
+    ``figures`` draws an interval's probes from them with the measured noise."""
 
-    def __init__(self, folder: str | None, hosts: list[str]):
+    def __init__(self, folder: str | None, hosts: list[str], seed: str = ""):
         self.folder, self.hosts = Path(folder) if folder else None, hosts
         self.seen: int | None = None
         self.values = [1.0] * len(hosts)
+        self.rng = random.Random(seed)
+
+    def figures(self, interval_s: float) -> Figures:
+        """One interval's figures: each node (one rank here) stands for its 8 GPUs, the median of their probes."""
+        def node(pace: float) -> float:
+            return pace * statistics.median(probe_noise.ratio(self.rng) for _ in range(GPUS_PER_NODE))
+
+        return Figures(probe_s=[node(v) for v in self.values], host_s=[node(1.0) for _ in self.values],
+                       data_wait_s=[0.0] * len(self.values), arrival_s=[0.0] * len(self.values), interval_s=interval_s)
 
     def refresh(self) -> list[float]:
         if self.folder is None:
@@ -342,10 +363,9 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
         metrics.flush()
 
     peers = Peers(world, port, float(cfg.train.init_timeout_s), stop)
-    probes = Probes(slow_markers, peers.hosts)
-    from training.resilience.straggler_rule import Streak  # the trainer's rule, torch-free
-
-    detector = Streak(cfg.train.straggler_margin, cfg.train.straggler_intervals)
+    probes = Probes(slow_markers, peers.hosts, seed=os.environ.get("SLURM_JOB_ID", ""))
+    detector = NodeRule(peers.hosts, margin=cfg.train.straggler_margin, intervals=cfg.train.straggler_intervals,
+                        window=cfg.train.straggler_window)
     evicts = cfg.train.straggler_evict is not False  # unset: on, as on the GPUs the simulation stands in for
     ckpt = Checkpoints(Path(cfg.checkpoint.dir), cfg.checkpoint.keep, world)
     step = ckpt.newest_loadable()
@@ -371,25 +391,33 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
             peers.check()  # the stop vote: a collective
             stopping = True
         last = step == cfg.train.steps or stopping
-        evict = None  # the straggler whose node this run leaves, after saving: (rank, excess)
+        evict = None  # the straggler whose node this run leaves, after saving
         if step % cfg.log.interval == 0 or last:
             now = time.time()
             elapsed = max(now - interval_start, 1e-9)
-            slowest, excess, new = detector.update(probes.values)
-            # slowest_node is the stand-in's own: the report counts the slow nodes a model met by it
+            verdict = detector.update(probes.figures(elapsed))
+            # The pace (the slowest node's 1 + x, noiseless) in slowest_*: the simulation's report counts the slow
+            # nodes a model met and the time they held it back by it; what the rule saw in probe_*.
+            values = probes.values
+            slowest = max(range(len(values)), key=values.__getitem__)
+            others = values[:slowest] + values[slowest + 1:]
+            excess = values[slowest] / statistics.median(others) - 1 if others else 0.0
             write({"step": step, "loss": loss_at(step), "lr": cfg.optim.lr, "grad_norm": 1.0,
                    "tokens_per_s": tokens * interval_steps / elapsed,
                    "tokens_per_s_per_device": tokens * interval_steps / elapsed / world,
                    "step_time_s": elapsed / interval_steps, "data_wait_pct": 0.0, "checkpoint_block_s": 0.0,
                    "memory_gib": 0.0, "samples_crc": step, "slowest_rank": slowest,
-                   "slowest_excess_pct": 100 * excess, "slowest_node": peers.hosts[slowest]})
+                   "slowest_excess_pct": 100 * excess, "slowest_node": peers.hosts[slowest],
+                   "probe_node": verdict.slowest.node, "probe_excess_pct": 100 * verdict.slowest.excess})
             interval_start, interval_steps = now, 0
-            if new:
-                write({"event": "straggler", "step": step, "rank": slowest, "node": peers.hosts[slowest],
-                       "excess_pct": round(100 * excess, 1), "intervals": detector.over,
-                       "margin_pct": 100 * cfg.train.straggler_margin})
-                if evicts and not last:
-                    evict = (slowest, excess)
+            for found in verdict.new:
+                write({"event": "straggler", "step": step, "rank": found.rank, "node": found.node,
+                       "cause": found.cause, "excess_pct": round(100 * found.excess, 1), "intervals": found.counted,
+                       "window": found.window, "scope": found.scope, "margin_pct": 100 * cfg.train.straggler_margin})
+            if evicts and not last:
+                remaining_s = (cfg.train.steps - step) * step_s  # simulated, as the cost is
+                evict = next((f for f in verdict.standing if worth_evicting(
+                    f, remaining_s=remaining_s, cost_s=cfg.train.straggler_evict_cost_s)), None)
         due = step % every == 0 or last or (every_s and (time.time() - last_save) * clock.scale >= every_s)
         if due or evict:
             if pending:  # one save in flight at most: the next waits for it
@@ -406,7 +434,7 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
             last_save = time.time()
             next_end = max(next_end, time.time())
         if evict:
-            return leave(cfg, peers, write, step, *evict, intervals=detector.over)
+            return leave(cfg, peers, write, step, evict)
     status = "complete" if step >= cfg.train.steps else "stopped"
     write({"event": status, "step": step, "signal": stop[0] if stop else None})
     metrics.close()
@@ -417,16 +445,13 @@ def leader(cfg, world: int, port: int, clock: Clock, step_s: float, save_s: floa
     return 0
 
 
-def leave(cfg, peers: Peers, write, step: int, rank: int, excess: float, intervals: int) -> int:
+def leave(cfg, peers: Peers, write, step: int, found: Finding) -> int:
     """training.train's eviction, the checkpoint of ``step`` saved: the straggler's rank reports its node to
     the epilog, FAILURE says why, and every rank exits 1 (jobs/train.sh requeues; the drained node is left out)."""
-    host = peers.hosts[rank]
-    why = (f"straggler: rank {rank} on {host} {100 * excess:.0f} % slower than the median of the other ranks for "
-           f"{intervals} log intervals (train.straggler_margin {cfg.train.straggler_margin:g}); saved step {step}, "
-           "evicting the node")
-    peers.report_node(rank, why)
-    write({"event": "evict", "step": step, "rank": rank, "node": host, "reason": "straggler",
-           "excess_pct": round(100 * excess, 1)})
+    why = f"{describe(found, margin=cfg.train.straggler_margin)}; saved step {step}, evicting the node"
+    peers.report_node(found.rank, why)
+    write({"event": "evict", "step": step, "rank": found.rank, "node": found.node, "cause": found.cause,
+           "reason": "straggler", "excess_pct": round(100 * found.excess, 1)})
     failure = os.environ.get("TRAIN_FAILURE_FILE")
     if failure:
         Path(failure).write_text(why + "\n")

@@ -186,7 +186,7 @@ def test_straggler_probe_benchmark(tmp_path):
     assert positive(result["median_ms"]) and result["max_over_median"] >= result["p99_over_median"] >= 1
     shares = [result["over_margin"][m]["share"] for m in ("0.02", "0.05", "0.1", "0.2")]
     assert shares == sorted(shares, reverse=True) and all(0 <= s < 1 for s in shares)
-    assert (result["default_margin"], result["default_intervals"]) == (0.1, 5)
+    assert (result["default_margin"], result["default_intervals"], result["default_window"]) == (0.1, 3, 5)
 
 
 def test_false_eviction_benchmark_says_when_the_local_cluster_is_down(monkeypatch, capsys, tmp_path):

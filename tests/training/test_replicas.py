@@ -80,10 +80,12 @@ def test_three_copies_agreeing_name_the_fourth(run, tiny_data, monkeypatch, tmp_
 
 
 def test_hsdp_compares_each_shard_with_its_replica_and_every_rank_stops(run, tiny_data):
-    """HSDP 2 replicas x 2 shards: rank 1's shard has one copy, on rank 3; ranks 0 and 2 agree but stop too."""
-    hsdp = ("train.parallelism=hsdp", "train.hsdp_shard_size=2", "train.replica_check_every=2")
+    """HSDP 2 replicas x 2 shards: rank 1's shard has one copy, on rank 3; ranks 0 and 2 agree but stop too.
+    Every step's first micro-batch replayed (reduced across the replicas at once): bit-exact, no false alarm."""
+    hsdp = ("train.parallelism=hsdp", "train.hsdp_shard_size=2", "train.replica_check_every=2", "train.replay_every=1")
     assert run.run(tiny_data, *SHORT, *hsdp, nproc=4, program=fault(1, 5)) != 0
+    assert "replay of step" not in run.output
     assert f"suspect (no majority: every copy): rank 1 on {HOST}, rank 3 on {HOST}." in run.output, run.output[-3000:]
-    assert "another group's replicas disagree after step 6: stopping with them" in run.output
+    assert "another rank's state is corrupt after step 6: stopping with it" in run.output
     assert (run.checkpoints / "latest").read_text().strip() == "step_00000004"  # checked at 4, then saved
     assert sorted(p.name for p in run.checkpoints.glob("step_*")) == ["step_00000004"]

@@ -1,6 +1,6 @@
 """Straggler eviction on the real local Slurm cluster (3 nodes, 2 per job, one spare): one node's rank
-gets 10 % of a CPU mid-run (a cgroup CPU quota, local_cluster/cpu_limit.py); the trainer names it,
-saves, and its rank reports the node; the root epilog drains it with the evidence into the failure
+gets 10 % of a CPU mid-run (a cgroup CPU quota, local_cluster/cpu_limit.py); the trainer names the node with
+its cause, saves, and its rank reports the node; the root epilog drains it with the evidence into the failure
 history; the job requeues itself onto the spare and completes with every loss bit-identical to an
 uninterrupted run's.
 
@@ -37,7 +37,7 @@ def reference(training_jobs, tmp_path_factory) -> dict[int, tuple[float, int]]:
     [run] = result["runs"]
     assert proc.returncode == 0 and result["total"]["clean_runs"] == 1, (proc.stdout[-2000:], run)
     assert (run["state"], run["restarts"], run["stragglers"], run["evictions"]) == ("COMPLETED", 0, [], [])
-    assert run["intervals"] == STEPS // INTERVAL and run["longest_streak"] < INTERVALS
+    assert run["intervals"] == STEPS // INTERVAL and run["most_in_window"] < INTERVALS
     assert 0 <= run["excess_pct_median"] <= run["excess_pct_max"]
     losses = {int(step): tuple(value) for step, value in run["losses"].items()}
     assert sorted(losses) == list(range(INTERVAL, STEPS + 1, INTERVAL))
@@ -69,6 +69,8 @@ def test_a_slowed_node_is_evicted_drained_and_the_run_completes_on_the_spare_exa
         assert straggler["node"] == slow and evict["node"] == slow and evict["step"] == straggler["step"]
         rank, step = straggler["rank"], straggler["step"]
         assert straggler["excess_pct"] > 100 * MARGIN and straggler["intervals"] == INTERVALS
+        assert straggler["scope"] == "node"  # judged as a node against the other
+        assert straggler["cause"] in ("gpu", "host") and evict["cause"] == straggler["cause"]  # CPU ranks: either probe
         # Saved at that step, then requeued (counted: a recovery), resumed from it on the spare.
         [recovery] = job.events("recovery")
         assert recovery["action"] == "requeue" and recovery["cause"].startswith(f"straggler: rank {rank} on {slow} ")
@@ -90,8 +92,9 @@ def test_a_slowed_node_is_evicted_drained_and_the_run_completes_on_the_spare_exa
         # Every loss, before the eviction and after the resume, as the uninterrupted run's, bit for bit.
         losses = job.losses()
         assert losses == reference and max(losses) == STEPS and any(s > step for s in losses)
-        print(f"evicted {slow} (rank {rank}) at step {step}: {straggler['excess_pct']} % over the median for "
-              f"{straggler['intervals']} intervals; drained: {reason}...; resumed on {','.join(moved_to)}; "
+        print(f"evicted {slow} (rank {rank}) at step {step}: {straggler['cause']} {straggler['excess_pct']} % "
+              f"over the other node in {straggler['intervals']} of {straggler['window']} intervals; drained: {reason}...; "
+              f"resumed on {','.join(moved_to)}; "
               f"{len(losses)} logged losses equal the reference, {len([s for s in losses if s > step])} after the eviction")
     finally:
         release_node(cluster, slow, "test cleanup")  # the operator's release: back into service

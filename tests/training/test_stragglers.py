@@ -13,39 +13,95 @@ from conftest import REPO, SHORT
 
 from local_cluster.cpu_limit import CpuLimit
 from tests.marks import needs_root
-from training.resilience.stragglers import Detector, probe
+from training.resilience.stragglers import Detector, Finding, describe, host_probe, probe, worth_evicting
 
+import pytest
 import torch
 
 HOSTS = ["node1", "node2", "node3", "node4"]
+NODES = ["n1"] * 4 + ["n2"] * 4 + ["n3"] * 4  # three nodes of four ranks
+QUIET = dict(data_waits=[0.0] * 12, arrivals=[0.0] * 12, host=[1.0] * 12, intervals=[10.0] * 12)
 
 
-def test_a_rank_slow_for_enough_intervals_in_a_row_is_reported_once():
-    detector = Detector(HOSTS, margin=0.10, intervals=3)
-    fast, slow = [1.0, 1.01, 0.99, 1.0], [1.0, 1.3, 0.99, 1.0]
-    reports = [detector.update(p, [0, 0, 0, 0], [10, 10, 10, 10]) for p in (slow, slow, slow, slow, fast, slow)]
-    assert [r.slowest_rank for r in reports[:4]] == [1, 1, 1, 1]
-    assert [r.intervals_over for r in reports] == [1, 2, 3, 4, 0, 1]
-    assert [r.new_straggler for r in reports] == [False, False, True, False, False, False]
-    assert reports[2].slowest_host == "node2" and round(reports[2].excess, 3) == 0.3
+def detector(**kwargs) -> Detector:
+    return Detector(NODES, **{"margin": 0.10, "intervals": 3, "window": 5, **kwargs})
 
 
-def test_noise_under_the_margin_or_a_different_rank_each_time_is_not_a_straggler():
-    detector = Detector(HOSTS, margin=0.10, intervals=3)
-    rounds = [[1.0, 1.09, 1.0, 1.0], [1.2, 1.0, 1.0, 1.0], [1.0, 1.0, 1.2, 1.0], [1.0, 1.0, 1.0, 1.2]]
-    assert not any(detector.update(p, [0] * 4, [0] * 4).new_straggler for p in rounds)
+def whole_node_slow(slowest: int, x: float = 0.3) -> list[float]:
+    """n2's four ranks all slow, one of them the slowest (it changes from interval to interval)."""
+    probes = [1.0, 1.01, 0.99, 1.0, 1 + x, 1 + x, 1 + x, 1 + x, 1.0, 1.02, 0.98, 1.0]
+    probes[4 + slowest] += 0.05
+    return probes
+
+
+def test_a_whole_slow_node_is_reported_once_although_its_slowest_rank_changes():
+    d = detector()
+    reports = [d.update(whole_node_slow(i % 4), **QUIET) for i in range(5)]
+    assert [r.slowest.node for r in reports] == ["n2"] * 5 and [r.slowest.rank for r in reports] == [4] * 5
+    assert [len(r.new) for r in reports] == [0, 0, 1, 0, 0]
+    [found] = reports[2].new
+    assert (found.node, found.rank, found.cause, found.counted) == ("n2", 4, "gpu", 3)
+    assert round(found.excess, 3) == 0.3  # its ranks' median over the other nodes'
+    assert [f.node for f in reports[4].standing] == ["n2"]  # still a straggler: not reported again
+
+
+def test_intermittent_slowness_counts_in_the_window_and_one_rank_alone_does_not():
+    d = detector()
+    fast = whole_node_slow(0, x=0.0)
+    rounds = [whole_node_slow(0), fast, whole_node_slow(1), fast, whole_node_slow(2)]
+    assert [len(d.update(p, **QUIET).new) for p in rounds] == [0, 0, 0, 0, 1]  # 3 of the last 5
+    d = detector()
+    one_rank = fast[:]
+    one_rank[5] = 3.0  # a hiccup on one rank of n2 for 5 intervals (a writer thread): its node's median is healthy
+    noise = [[1.0, 1.06, 1.0, 1.0] * 3, [1.05] * 4 + [1.0] * 8]  # under the margin less the noise allowance
+    assert not any(d.update(p, **QUIET).standing for p in [one_rank] * 5 + noise * 3)
+    # The same rank slow for longer (a throttling GPU): on its own, on more evidence (7 of the last 10).
+    d = detector()
+    reports = [d.update(one_rank, **QUIET) for _ in range(7)]
+    assert [len(r.new) for r in reports] == [0] * 6 + [1]
+    [found] = reports[-1].new
+    assert (found.node, found.rank, found.scope, found.counted, found.window) == ("n2", 5, "rank", 7, 10)
+    assert describe(found, margin=0.10) == "straggler: rank 5 on n2 gpu 200 % slower than the other ranks in 7 of 10 " \
+        "intervals (margin 0.1)"
+
+
+def test_each_cause_is_named():
+    for cause, change in [("host", {"host": [1.0] * 4 + [1.5] * 4 + [1.0] * 4}),
+                          ("storage", {"data_waits": [0.1] * 8 + [2.5] * 4}),  # n3 waits 24 % of 10 s more
+                          ("network", {"arrivals": [3.0] * 4 + [0.0] * 8})]:  # n2 and n3 waited 3 s for n1
+        d = detector()
+        reports = [d.update([1.0] * 12, **{**QUIET, **change}) for _ in range(3)]
+        [found] = reports[-1].new
+        node = {"host": "n2", "storage": "n3", "network": "n1"}[cause]
+        assert (found.cause, found.node) == (cause, node), found
+        line = describe(found, margin=0.10)
+        assert line.startswith(f"straggler: rank {found.rank} on {node} {cause} ") and "the other nodes in 3 of 5" in line
+
+
+def test_on_one_node_the_ranks_are_judged_on_their_own():
+    d = Detector(["host"] * 4, margin=0.10, intervals=3, window=5)
+    reports = [d.update([1.0, 1.3, 0.99, 1.0], [0] * 4, [10] * 4) for _ in range(3)]
+    assert [len(r.new) for r in reports] == [0, 0, 1] and reports[2].new[0].rank == 1
 
 
 def test_data_wait_and_collective_wait_name_who_waited():
-    report = Detector(HOSTS, margin=0.10, intervals=3).update([1, 1, 1, 1], [0.1, 2.5, 0.0, 0.2],
-                                                              [100.0, 100.5, 103.0, 101.0])
+    report = Detector(HOSTS, margin=0.10, intervals=3, window=5).update([1, 1, 1, 1], [0.1, 2.5, 0.0, 0.2],
+                                                                        [100.0, 100.5, 103.0, 101.0])
     assert (report.data_wait_max_rank, report.data_wait_max_s) == (1, 2.5)
     assert report.collective_wait_s == [3.0, 2.5, 0.0, 2.0]  # rank 2 arrived last: the others waited for it
-    assert report.fields()["collective_wait_max_s"] == 3.0
+    fields = report.fields()
+    assert fields["collective_wait_max_s"] == 3.0 and fields["slowest_node"] == "node3"
+
+
+def test_a_straggler_is_evicted_when_keeping_it_costs_more_than_the_eviction():
+    found = Finding("n2", 8, "gpu", 0.10, 3, 5)
+    assert worth_evicting(found, remaining_s=3600, cost_s=0)  # a spare is free: always
+    assert worth_evicting(found, remaining_s=86400, cost_s=1800)  # 10 % of a day (8,640 s) > a 30 min wait
+    assert not worth_evicting(found, remaining_s=3600, cost_s=1800)  # 360 s lost < 30 min: finish on it
 
 
 def test_the_probe_is_the_same_work_on_every_call():
-    times = [probe(torch.device("cpu")) for _ in range(3)]
+    times = [probe(torch.device("cpu")) for _ in range(3)] + [host_probe() for _ in range(3)]
     assert all(t > 0 for t in times)
 
 
@@ -108,6 +164,18 @@ def test_eviction_is_on_gpu_unless_set(monkeypatch):
     from training.resilience.stragglers import evicts
     assert evicts(None, on_gpu=True) and not evicts(None, on_gpu=False)
     assert evicts(True, on_gpu=False) and not evicts(False, on_gpu=True)
+
+
+def test_a_count_longer_than_its_window_is_refused_naming_both_keys(monkeypatch):
+    from training.config import ConfigError, load_config
+
+    for name in ("FSX_DATA", "FSX_CHECKPOINTS", "FSX_LOGS"):
+        monkeypatch.setenv(name, "/fsx/x")
+    cfg = load_config(None, [])
+    assert (cfg.train.straggler_margin, cfg.train.straggler_intervals, cfg.train.straggler_window) == (0.10, 3, 5)
+    assert cfg.train.straggler_evict_cost_s == 0
+    with pytest.raises(ConfigError, match="train.straggler_intervals 6 .* raise straggler_window to at least 6"):
+        load_config(None, ["train.straggler_intervals=6"])
 
 
 def test_a_node_report_is_one_line_written_whole_and_only_under_slurm(tmp_path, monkeypatch):

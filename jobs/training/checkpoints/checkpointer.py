@@ -30,6 +30,11 @@ deleting it (every infrastructure failure ends with ``os._exit``) leaves no half
 that looks complete. Temporary folders left by crashed runs are removed by the next lease holder
 at its start: while it holds the lease, no other job writes them.
 
+Verified: the trainer checks parameters and optimizer state before every save (unchanged since the
+optimizer step, equal across their copies: training/resilience/replicas.py) and stops without saving
+when they are not; ``train_meta.json`` records ``verified: true`` for a checkpoint so checked. A
+resume from one without it says so in a warning.
+
 Full disks: before each save, rank 0 compares the checkpoint's size (every tensor of the state,
 counted once) with the free space of the file system and all ranks follow its answer. A periodic
 save that does not fit is skipped with a warning naming the path and the numbers (training goes
@@ -200,7 +205,7 @@ class Checkpointer:
         return f"{type(exc).__name__}: {_first_line(exc)}"
 
     def _failed(self, step: int, exc: BaseException) -> None:
-        log.error("checkpoint step %d could not be written (%s: %s); `latest` still names step %d",
+        log.error("checkpoint step %d could not be written (%s); `latest` still names step %d",
                   step, self._why_not_written(exc), self.latest_step())
         if self.d.is_main:
             shutil.rmtree(self.partial_dir(step), ignore_errors=True)
@@ -364,6 +369,10 @@ class Checkpointer:
             # Outside _read: a failed broadcast is a broken job (requeue), not an unreadable checkpoint.
             self._from_replica_0(target)
             log.info("resumed from %s in %.1f s", path, time.perf_counter() - start)
+            if step > 0 and saved.get("verified") is not True:  # step 0: released weights, no training yet
+                log.warning("checkpoint %s is not verified (%s has no `verified: true`: saved with "
+                            "train.replica_check_every 0, or by an older version): its parameters and optimizer "
+                            "state were not checked for silent corruption when it was saved", path, META)
             self._set_aside([s for s, _ in failures])
             if step != latest and self.d.is_main:  # this run's commits follow the checkpoint it resumed from
                 write_atomic(self.dir / LATEST, path.name + "\n")

@@ -120,7 +120,7 @@ class Metrics:
             self._jsonl.write(json.dumps({**record, "time": time.time()}) + "\n")
             self._jsonl.flush()
             for key, value in record.items():
-                if key not in ("step", "samples_crc"):
+                if key not in ("step", "samples_crc") and not isinstance(value, str):  # a straggler's node, cause
                     self._tb.add_scalar(f"train/{key}", value, step)
             if self._wandb:
                 self._wandb.log(record, step=step)
