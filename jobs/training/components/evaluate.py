@@ -16,6 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from data_pipeline.loader import DatasetError, TokenLoader, read_dataset_meta
 
 from training.parallel import distributed
@@ -63,6 +64,13 @@ class Evaluator:
                 totals[0] += compute_loss(model, inputs, labels, reduction="sum").double()
             totals[1] += labels.numel()
         model.train(was_training)
+        # FSDP keeps the norm and output head gathered after a forward (reshard_after_forward=False: training's
+        # backward reshards them): put back the shards the optimizer owns, as a training step leaves them. Else the
+        # gathered copies hold their memory until the next step and the corruption checks
+        # (training/resilience/replicas.py) would read other tensors than the optimizer's.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
         dist.all_reduce(totals)
         totals /= self.cfg.train.tensor_parallel  # the ranks of one tensor-parallel group scored the same tokens
         loss = (totals[0] / totals[1]).item()
