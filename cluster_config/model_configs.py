@@ -84,7 +84,8 @@ def training_config(settings: Settings, model: ModelPlan) -> dict:
             set_key(config, key, value)
         # The trainer's own checks, at the model's world size: what the job would refuse at its start.
         cfg = validate_config(config)
-        cfg.grad_accum_steps(model.nodes * settings.gpu_queue.gpus_per_instance)
+        if not model.megatron:  # Megatron-LM lays the batch out its own way (cluster_config/megatron.py checks it)
+            cfg.grad_accum_steps(model.nodes * settings.gpu_queue.gpus_per_instance)
     except ConfigError as exc:
         raise SettingsError(f"{where}: {exc} (the entry, its overrides, or {recipe.relative_to(REPO_ROOT)})") from None
     if SNAPSHOT_KEY not in model.overrides:  # an override (0: off) is the entry's own choice

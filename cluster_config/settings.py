@@ -532,6 +532,27 @@ def _data_path(value: str) -> None:
                          "digits and . _ - / only")
 
 
+class MegatronSettings(_Strict):
+    """How Megatron-LM trains a model (``megatron:`` in its entry): the layout of its ranks and what
+    each keeps. Checked against Megatron-LM's own rules at synth, with the model's architecture
+    (cluster_config/megatron.py: the plan and the job files refuse a layout Megatron would)."""
+
+    tensor_parallel: int = Field(1, gt=0, le=64)  # --tensor-model-parallel-size: within a node (NVLink)
+    pipeline_parallel: int = Field(1, gt=0, le=256)  # --pipeline-model-parallel-size: stages of layers
+    micro_batch_size: int = Field(1, gt=0, le=4096)  # sequences per rank per forward; gradients accumulate
+    # --sequence-parallel: norms and dropout on 1/TP of the sequence; default: on with tensor parallel.
+    sequence_parallel: Optional[bool] = None
+    # --recompute-activations (selective: attention only) or full (each layer keeps only its input).
+    recompute: Literal["none", "selective", "full"] = "selective"
+    precision: Literal["bf16", "fp16"] = "bf16"
+    distributed_optimizer: bool = True  # --use-distributed-optimizer: optimizer state sharded over DP
+    save_every: int = Field(1000, gt=0, le=10**8)  # --save-interval, in iterations (optimizer steps)
+
+    @property
+    def sequence_parallel_on(self) -> bool:
+        return self.tensor_parallel > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+
 class ModelPlan(_Strict):
     """One model sharing the cluster, described once: its job script and training config are derived
     from this entry (cluster_config/model_jobs.py), in every environment."""
@@ -559,6 +580,13 @@ class ModelPlan(_Strict):
     # against gpu_queue.max_count like training nodes. `python -m cluster_config plan` shows, per model, the
     # GPU-hours a hot spare keeps idle against those it saves, at 1x and goodput.stress_factor x the failures.
     hot_spares: int = Field(0, ge=0, le=MAX_NODES)
+    # With no hot spare free, the job goes on training with fewer nodes, down to this many, its global batch kept
+    # by more micro-batches a step, until Slurm has nodes for its whole allocation again (jobs/train.sh, a planned
+    # requeue); None: it waits for a replacement (requeue). The plan counts both (cluster_config/goodput.py).
+    min_nodes: Optional[int] = Field(None, gt=0, le=MAX_NODES)
+    # Trained by Megatron-LM instead of the project's trainer: its layout (docs/megatron.md). Its job
+    # script runs jobs/megatron_lm/pretrain.sh with arguments derived from this entry.
+    megatron: Optional[MegatronSettings] = None
 
     @field_validator("name")
     @classmethod

@@ -51,7 +51,7 @@ ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache"]
 # What `python -m cluster_config jobs` writes into a checkout's jobs/ (the local cluster's): the bundle
 # carries this environment's own, from job_files below (model_jobs.GENERATED; a literal list, which
 # local_cluster/boot_plan.py reads from this source).
-GENERATED_EXCLUDES = ["train_*.sh", "models/*.yaml", "models/cluster.json"]
+GENERATED_EXCLUDES = ["train_*.sh", "models/*.yaml", "models/*.megatron.args", "models/cluster.json"]
 
 
 class ClusterStack(cdk.Stack):

@@ -28,6 +28,8 @@ ENTRY_POINTS = [
      "argument --pin-memory/--no-pin-memory: ignored explicit argument 'yes' — see python -m data_pipeline.isolation"),
     (PY + ["data_pipeline.tokenize", "run", "--input-dir", "x"], "the following arguments are required: --out"),
     (PY + ["data_pipeline.prepare", "--out", "x", "--input", "/nonexistent.txt"], "input /nonexistent.txt does not exist"),
+    (PY + ["megatron_lm.args", "nomodel"], "model nomodel has no megatron: entry in the cluster's settings — add one"),
+    (PY + ["cluster_config.megatron", "--env", "nope"], "no environment 'nope'"),
     (PY + ["data_pipeline.sample_data"], "the following arguments are required: out_dir — see python -m data_pipeline.sample_data"),
     (PY + ["data_pipeline.megatron_export", "x"], "the following arguments are required: prefix — see"),
     (PY + ["training.train", "train.stpes=5"], "unknown config key 'train.stpes'; remove it or fix the spelling"),

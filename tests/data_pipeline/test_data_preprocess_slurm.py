@@ -4,6 +4,7 @@ import json
 import re
 import shutil
 import uuid
+import warnings
 
 import boto3
 import pytest
@@ -76,6 +77,18 @@ def test_preprocess_array_tokenizes_every_file_syncs_to_s3_and_reruns_as_no_op(s
     resync = re.search(r"sync to S3: job (\d+)", "".join(rerun_logs)).group(1)
     assert slurm_cluster.wait(resync, timeout=300) == ("COMPLETED", 0)
     assert '"uploaded": 0' in (logs / f"sync-dataset_{resync}.out").read_text()
+
+    # A Megatron-LM model's next step: the shards as Megatron's indexed datasets, read by megatron-core's own class.
+    megatron = slurm_cluster.sbatch("jobs/megatron_lm/preprocess_megatron.sh", env={"DATASET_DIR": env["DATASET_DIR"]},
+                                    options=["--cpus-per-task=1", f"--output=/fsx/logs/{run}/%x_%j.out"],
+                                    user=CLUSTER_USER)
+    assert slurm_cluster.wait(megatron, timeout=300) == ("COMPLETED", 0), \
+        (logs / f"preprocess-megatron_{megatron}.out").read_text()
+    with warnings.catch_warnings():  # megatron-core warns at import that Apex/TE are absent (CPU)
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    documents = IndexedDataset(str(host / "tokenized/megatron/train_text_document"))
+    assert int(documents.sequence_lengths.sum()) == meta.total_sequences * meta.sample_tokens  # every token of the shards
 
     # Passed: remove what the run left in the shared stand-in FSx (kept on failure to debug).
     shutil.rmtree(host)

@@ -75,7 +75,8 @@ def test_presets_have_the_published_shapes():
     assert sizes["llama2-13b"] == pytest.approx(13.0, abs=0.05)
     assert sizes["llama2-70b"] == pytest.approx(69.0, abs=0.1)
     assert hf_config("llama2-70b", 32000, 4096).num_key_value_heads == 8
-    for name, (layers, hidden, heads) in {"1.7b": (24, 2304, 24), "310.1b": (96, 16384, 128)}.items():
+    for name, (layers, hidden, heads) in {"1.7b": (24, 2304, 24), "7.5b": (36, 4096, 32),
+                                          "310.1b": (96, 16384, 128)}.items():
         c = hf_config(name, 32000, 4096)
         assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (layers, hidden, heads)
     # The seed's names grow with the shapes (the exact count depends on the vocabulary).

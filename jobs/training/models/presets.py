@@ -21,10 +21,11 @@ PRESETS: dict[str, Architecture] = {
     "tiny": Architecture(layers=2, hidden=64, heads=4, ffn=192),
     # A multi-layer model still quick on CPU: checks the dry run's memory estimate against a real run.
     "small": Architecture(layers=8, hidden=512, heads=8, ffn=1408),
-    # The seed's scaling table (named by its nominal size).
+    # The seed's scaling table (named by its nominal size): heads/hidden/layers of the common Megatron-LM
+    # GPT sizes (docs/megatron.md).
     "1.7b": Architecture(24, 2304, 24),
     "3.6b": Architecture(30, 3072, 32),
-    "7.5b": Architecture(32, 4096, 32),
+    "7.5b": Architecture(36, 4096, 32),
     "18.4b": Architecture(40, 6144, 48),
     "39.1b": Architecture(48, 8192, 64),
     "76.1b": Architecture(60, 10240, 80),
