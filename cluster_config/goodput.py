@@ -6,12 +6,21 @@ The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the so
                independently, whenever its model holds it (waits included): the model fails at
                ``Λ = λ n`` per day
   one failure  is recovered inside the job when one of the model's ``H`` hot spares is free (and it takes
-               snapshots), else by today's requeue:
-               ``L = (1 - q) L_job + q L_requeue``, ``q = P(no hot spare)`` (1 without hot spares or snapshots)
+               snapshots), else on fewer nodes where the model allows it (``models.<m>.min_nodes``), else by
+               today's requeue:
+               ``L = (1 - q) L_job + q L_without``, ``q = P(no hot spare)`` (1 without hot spares or snapshots),
+               ``L_without = L_fewer`` where it goes on with fewer nodes, else ``L_requeue``
   in the job   ``L_job = detection_s + relaunch_s`` (every rank knows; a new job step starts and rendezvouses)
                        ``+ B / E`` (the hot spare loads the lost node's shards, ``B`` bytes, from their buddy
                          copy over the node's EFA bandwidth ``E``; survivors load their own from memory)
                        ``+ σ / 2`` (the steps since the last snapshot, ``σ`` apart: half on average)
+  fewer nodes  ``L_fewer = detection_s + relaunch_s + B / E`` (survivors reshard the snapshots among themselves)
+                       ``+ σ / 2`` (or, without snapshots, ``τ / 2 + save_s``: the file system's checkpoint)
+                       ``+ (1 - n' / n) R x P(no spare)`` (the replacement time at ``n'`` of ``n`` nodes' pace: ``n'``
+                         the most nodes below ``n``, at least ``min_nodes``, on which the global batch divides:
+                         recovery.fewer_nodes; a spare node free in the queue ends it at once)
+                       ``+ save_s + recovery_s`` (growing back: a planned stop with a save, and the requeue's restart
+                         onto the whole allocation; Slurm cannot give a running job a node)
   requeue      ``L_requeue = recovery_s`` (detect, requeue, restart)
                        ``+ τ / 2 + save_s`` (the work since the last committed checkpoint: half
                          an interval on average, plus the save in flight, not yet committed)
@@ -37,16 +46,21 @@ The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the so
   p95          the 95th percentile of the days: the failure count's 95th percentile (Poisson with the
                expected count as mean) times ``L`` on top of the failure-free days.
 
-Stragglers (``Stragglers``, ``stragglers(goodput, settings, detect_s=...)``): a node slow but alive slows its whole
-model by its own excess ``x`` (a synchronous step waits for the slowest rank); a model of ``n`` nodes meets
-``σ n`` of them a day (``σ = goodput.stragglers_per_1000_node_days / 1000``). One costs ``t x / (1 + x)`` of
+Stragglers (``Stragglers``, ``stragglers(goodput, settings, interval_s=..., margin=..., intervals=..., window=...)``):
+a node slow but alive slows its whole model by its own excess ``x`` (a synchronous step waits for the slowest
+rank); a model of ``n`` nodes meets ``σ n`` of them a day (``σ = goodput.stragglers_per_1000_node_days / 1000``). One costs ``t x / (1 + x)`` of
 progress while it stays for ``t`` of wall time. Unattended, ``t`` runs until a person acts
 (``goodput.straggler_unattended_h`` ``U`` after it turned slow; one arriving uniformly in a run of ``D`` stays
 ``U (1 - U / 2D)`` on average, ``D / 2`` if ``U > D``), and the person's drain and requeue is a restart
 (``1 - U / D`` of them are in time). Evicted, ``t`` is the trainer's detection window
-(``train.straggler_intervals`` log intervals of steps, which run slowed: ``t = W (1 + x)`` for a window ``W`` at
-the normal step time, losing ``W x``), then the eviction. Either restart costs what an eviction does: a save
-(requeue and eviction both save first: no rework), the recovery, and the replacement wait when no spare is free.
+(the log intervals the seeded straggler study measured for a node at the margin, its 95th percentile, when the
+model's rule is the study's; else ``train.straggler_intervals``, the least it can take; they run slowed:
+``t = W (1 + x)`` for a window ``W`` at the normal step time, losing ``W x``), then the eviction. Either restart
+costs what an eviction does: a save (requeue and eviction both save first: no rework), the recovery, and the
+replacement wait when no spare is free. False evictions cost the same restart each, at the study's rate: none
+in its healthy node-days, at most 3 in them (the 95 % bound of none seen) shown as the stress.
+(``StragglerStudy``: cluster_config/straggler_study.json, written by ``python -m benchmarks.straggler_study
+--figures`` and checked by tests/training/test_straggler_study.py.)
 
 ``goodput(row, settings)`` gives one model's ``Goodput`` (inputs and results) from its plan row;
 ``build_plan(settings).rows[i].goodput`` holds the same for every model (``.stress``: at ``goodput.stress_factor`` x
@@ -57,8 +71,10 @@ compares its measured failures, lost GPU-hours, ETTR and days with these.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
 from typing import Protocol
 
@@ -79,6 +95,8 @@ class Run(Protocol):
     snapshot_interval_s: float  # 0: no snapshots
     snapshot_bytes_per_node: float  # one node's shards of the training state: what its buddy sends a hot spare
     network_gb_s_per_node: float  # the node's EFA bandwidth, GB/s (0: unknown: no transfer counted)
+    fewer_nodes: int  # the nodes it goes on with when no spare is free (0: it waits: models.<m>.min_nodes unset)
+    fewer_nodes_possible: int  # the same were it allowed to go on with as few as one node: what the plan weighs
 
 DAY_S = 86400.0
 P95 = 0.95
@@ -157,6 +175,7 @@ class Goodput:
     relaunch_s: float = 0.0
     transfer_s: float = 0.0  # the lost node's shards from their buddy copy, over EFA
     p_no_hot_spare: float = 1.0  # q: a failure finds every hot spare used (1 without snapshots)
+    fewer_nodes: int = 0  # n': the nodes it goes on with when no spare is free (0: it waits for a replacement)
 
     @property
     def young_interval_s(self) -> float:
@@ -185,9 +204,25 @@ class Goodput:
         return self.detection_s + self.relaunch_s + self.transfer_s + self.snapshot_interval_s / 2
 
     @property
+    def grow_back_s(self) -> float:
+        """Back from fewer nodes to all of them: a planned stop that saves, and the requeue's restart."""
+        return self.save_s + self.recovery_s
+
+    @property
+    def fewer_lost_s(self) -> float:
+        """A failure with no spare free, recovered by going on with ``fewer_nodes`` until the replacement is up."""
+        redo = self.snapshot_interval_s / 2 if self.snapshot_interval_s else self.rework_s
+        slower = (1 - self.fewer_nodes / self.nodes) * self.replacement_s * self.p_no_spare
+        return self.detection_s + self.relaunch_s + self.transfer_s + redo + slower + self.grow_back_s
+
+    @property
+    def without_spare_lost_s(self) -> float:
+        return self.fewer_lost_s if self.fewer_nodes else self.requeue_lost_s
+
+    @property
     def lost_per_failure_s(self) -> float:
         q = self.p_no_hot_spare
-        return self.requeue_lost_s if q >= 1 else (1 - q) * self.in_job_lost_s + q * self.requeue_lost_s
+        return self.without_spare_lost_s if q >= 1 else (1 - q) * self.in_job_lost_s + q * self.without_spare_lost_s
 
     @property
     def ettr(self) -> float:
@@ -226,10 +261,12 @@ def mean_nodes_down(settings: Settings) -> float:
     return assume.failures_per_1000_node_days / 1000 * training * assume.node_replacement_min / 1440
 
 
-def goodput(row: Run, settings: Settings, *, hot_spares: int | None = None, failure_factor: float = 1.0) -> Goodput:
+def goodput(row: Run, settings: Settings, *, hot_spares: int | None = None, failure_factor: float = 1.0,
+            fewer_nodes: int | None = None) -> Goodput:
     """``row``'s model (a plan row: nodes, failure-free days, checkpoint and snapshot intervals, save time,
     snapshot bytes per node and the EFA bandwidth) under ``settings.goodput``, ``settings.gpu_queue.spare_nodes``
-    and its ``hot_spares`` (default: its entry's), every failure rate ``failure_factor`` times the settings'."""
+    and its ``hot_spares`` and ``fewer_nodes`` (default: its entry's), every failure rate ``failure_factor``
+    times the settings'."""
     assume = settings.goodput
     rate = assume.failures_per_1000_node_days / 1000 * failure_factor  # λ, per node and day
     spares = row.hot_spares if hot_spares is None else hot_spares
@@ -247,6 +284,7 @@ def goodput(row: Run, settings: Settings, *, hot_spares: int | None = None, fail
         transfer_s=row.snapshot_bytes_per_node / (row.network_gb_s_per_node * 1e9) if row.network_gb_s_per_node else 0.0,
         p_no_hot_spare=(p_no_hot_spare(rate * (row.nodes + spares), spares, assume.hot_spare_refill_h / 24)
                         if snapshots else 1.0),
+        fewer_nodes=row.fewer_nodes if fewer_nodes is None else fewer_nodes,
     )
 
 
@@ -288,8 +326,12 @@ class Stragglers:
     per_day: float  # σ x nodes
     slowdown: float  # x: a slow node's step-time excess
     unattended_s: float  # without eviction: from the node turning slow until a person drains it and requeues
-    detect_s: float  # with eviction: straggler_intervals x log.interval x step time (the window's steps, unslowed)
+    detect_s: float  # with eviction: the detection's intervals x log.interval x step time (its steps, unslowed)
     evict_s: float  # a restart that saved first: the save, the recovery, the replacement wait when no spare is free
+    detect_intervals: float = 0.0  # the log intervals detect_s is made of
+    measured: bool = False  # detect_intervals from the study (the model's rule is the study's), else its window
+    false_per_day: float = 0.0  # false evictions a day, the study's rate over the model's nodes
+    false_bound_per_day: float = 0.0  # the same at the study's 95 % bound
 
     @property
     def expected(self) -> float:
@@ -322,14 +364,69 @@ class Stragglers:
 
     @property
     def lost_h_evicted(self) -> float:
-        return self.expected * (self._lost_s(self.detect_wall_s) + self.evict_s) / 3600
+        false = self.false_per_day * self.days * self.evict_s
+        return (self.expected * (self._lost_s(self.detect_wall_s) + self.evict_s) + false) / 3600
+
+    @property
+    def lost_h_false_bound(self) -> float:
+        """Hours the false evictions at the study's 95 % bound would cost (each a restart)."""
+        return self.false_bound_per_day * self.days * self.evict_s / 3600
 
 
-def stragglers(good: Goodput, settings: Settings, *, detect_s: float) -> Stragglers:
-    """``good``'s model (its plan goodput) meeting slow nodes at ``settings.goodput``'s rate."""
-    assume = settings.goodput
+STUDY = Path(__file__).with_name("straggler_study.json")
+
+
+@dataclass(frozen=True)
+class StragglerStudy:
+    """What the seeded straggler study measured (benchmarks/straggler_study), for the rule it ran."""
+
+    margin: float
+    intervals: int
+    window: int
+    detect_intervals: float  # a whole node at the margin: the 95th percentile of the interval it was named at
+    node_days: float  # healthy node-days simulated
+    false_evictions: int  # healthy nodes named in them
+
+    def applies(self, margin: float, intervals: int, window: int) -> bool:
+        return (margin, intervals, window) == (self.margin, self.intervals, self.window)
+
+    @property
+    def false_per_node_day(self) -> float:
+        return self.false_evictions / self.node_days
+
+    @property
+    def false_bound_per_node_day(self) -> float:
+        """The 95 % upper bound: the Poisson rate under which seeing this few has 5 % chance (3 for none)."""
+        return _poisson_upper(self.false_evictions) / self.node_days
+
+
+def _poisson_upper(seen: int, confidence: float = 0.95) -> float:
+    low, high = 0.0, 10.0 + 10 * seen
+    for _ in range(100):  # P(Poisson(rate) <= seen) = 1 - confidence, by bisection
+        rate = (low + high) / 2
+        low, high = (rate, high) if sum(_poisson_pmf(rate, k) for k in range(seen + 1)) > 1 - confidence else (low, rate)
+    return (low + high) / 2
+
+
+def straggler_study(path: Path = STUDY) -> StragglerStudy:
+    data = json.loads(path.read_text())
+    setup, healthy = data["setup"], data["healthy"]
+    return StragglerStudy(margin=setup["margin"], intervals=setup["intervals"], window=setup["window"],
+                          detect_intervals=data["detection_intervals"]["at_margin"]["p95"],
+                          node_days=healthy["node_days"], false_evictions=healthy["false_evictions"])
+
+
+def stragglers(good: Goodput, settings: Settings, *, interval_s: float, margin: float, intervals: int,
+               window: int, study: StragglerStudy | None = None) -> Stragglers:
+    """``good``'s model (its plan goodput) meeting slow nodes at ``settings.goodput``'s rate, its rule
+    (``margin``, ``intervals`` of ``window`` log intervals of ``interval_s``) judged by the study's figures."""
+    assume, study = settings.goodput, study or straggler_study()
+    measured = study.applies(margin, intervals, window)
+    detect = study.detect_intervals if measured else intervals
     return Stragglers(
         name=good.name, gpus=good.gpus, days=good.days,
         per_day=assume.stragglers_per_1000_node_days / 1000 * good.nodes, slowdown=assume.straggler_slowdown,
-        unattended_s=assume.straggler_unattended_h * 3600, detect_s=detect_s,
-        evict_s=good.save_s + good.recovery_s + good.replacement_wait_s)
+        unattended_s=assume.straggler_unattended_h * 3600, detect_s=detect * interval_s,
+        evict_s=good.save_s + good.recovery_s + good.replacement_wait_s, detect_intervals=detect, measured=measured,
+        false_per_day=study.false_per_node_day * good.nodes if measured else 0.0,
+        false_bound_per_day=study.false_bound_per_node_day * good.nodes if measured else 0.0)

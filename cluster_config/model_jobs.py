@@ -45,6 +45,8 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int, usr1_lead_
     ``usr1_lead_s``: the USR1 lead (cluster_config/slurm_timeouts.py)."""
     queue = settings.gpu_queue
     gpus = model.nodes * queue.gpus_per_instance
+    min_nodes = (f'export MIN_TRAIN_NODES="${{MIN_TRAIN_NODES:-{model.min_nodes}}}"  # with no spare free, train on as few as '
+                 'this many nodes until Slurm has the others\n') if model.min_nodes else ""
     return f"""#!/usr/bin/env bash
 # {model.name} on {settings.cluster_name}: preset {model.preset} on {model.nodes} x {queue.instance_type} ({gpus} GPUs),
 # training config jobs/models/{model.name}.yaml.
@@ -70,7 +72,7 @@ def job_script(settings: Settings, model: ModelPlan, time_min_s: int, usr1_lead_
 set -euo pipefail
 export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{TIME_LIMIT}}}"  # --time above, for train.sh's requeue
 export HOT_SPARES="${{HOT_SPARES:-{model.hot_spares}}}"  # of --nodes above, the nodes held for recovery: the others train
-exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {model.name} "$@"
+{min_nodes}exec bash "${{JOBS_DIR:-${{SLURM_SUBMIT_DIR:-$PWD}}/jobs}}/train.sh" {model.name} "$@"
 """
 
 

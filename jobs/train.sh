@@ -46,6 +46,9 @@
 # HOT_SPARES (nodes of the allocation held for recovery: the job script sets the model's models.<m>.hot_spares)
 # or TRAIN_NODES (how many of the allocation's nodes train; default all but HOT_SPARES),
 # MAX_RELAUNCHES (in-job relaunches per allocation before a requeue; default 3),
+# MIN_TRAIN_NODES (with no spare free, go on with as few as this many nodes, the global batch kept, until Slurm
+# has nodes for the whole allocation again: the job script sets the model's models.<m>.min_nodes; 0 or unset: wait
+# for a replacement by requeueing), GROW_CHECK_S (seconds between looks for those nodes; default 60),
 # MAX_RECOVERIES / RECOVERY_WINDOW_HOURS (retry budget of one job: default 5 relaunches or requeues
 # after failures within 24 h; see training/resilience/recovery.py),
 # RELAUNCH_PROBE_S (seconds a node has to answer the health probe before a relaunch; default 20),
@@ -56,8 +59,9 @@
 #
 # Recovery (docs/training.md, "What happens when..."): a failed training step (a rank killed, a
 # collective error, the progress watchdog, a lost node) is started again at once in this job, on
-# TRAIN_NODES of the allocation's nodes still healthy, resuming from `latest`; with the relaunches
-# spent or too few healthy nodes left, the job requeues itself; either while the retry budget lasts.
+# TRAIN_NODES of the allocation's nodes still healthy, resuming from `latest`; with too few healthy nodes
+# left, on fewer of them where MIN_TRAIN_NODES allows, growing back by a planned requeue once Slurm has the
+# nodes; with the relaunches spent or too few nodes, the job requeues itself; either while the retry budget lasts.
 # A user error (exit 2: config, data) stops it. A requeued job runs the code and config snapshot
 # taken at its first start. The node running this script is not replaceable: its loss ends the job.
 set -euo pipefail
@@ -248,7 +252,15 @@ stop_guard() {
 }
 SLURM_STDERR="$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' StdErr=[^ ]*' | cut -d= -f2 || true)"
 SLURM_STDERR="${SLURM_STDERR:-/dev/null}"
-trap 'stop_monitor; stop_watcher; stop_guard' EXIT
+grower_pid=""  # watch_for_nodes, below
+stop_grower() {
+  if [[ -n $grower_pid ]]; then
+    kill "$grower_pid" 2>/dev/null || true
+    wait "$grower_pid" 2>/dev/null || true
+    grower_pid=""
+  fi
+}
+trap 'stop_monitor; stop_watcher; stop_guard; stop_grower' EXIT
 
 # scancel and the time limit send SIGTERM here too: remember it, and keep waiting while the
 # workers save (they got it as well), instead of dying and leaving srun behind.
@@ -291,6 +303,29 @@ healthy_nodes() {
   done
 }
 
+# Going on with fewer nodes: how many the run trains on when whole, and the trainer's extra arguments meanwhile
+# (a smaller micro-batch where that is what keeps the global batch).
+full_nodes=$TRAIN_NODES
+fewer_args=()
+GROW_CHECK_S="${GROW_CHECK_S:-60}"
+# While the run trains on fewer nodes: once the partition has idle nodes enough to give the job its whole
+# allocation again (the lost node's replacement is up), the workers save and stop (SIGUSR1 to the steps, as at the
+# time limit; the guard and the monitor ignore it) and the stop requeues the job onto the whole allocation. The
+# signal is repeated until the step ends: workers still starting ignore it (their launcher does, and they inherit
+# that until their handler is in place).
+watch_for_nodes() {
+  local held idle
+  while sleep "$GROW_CHECK_S"; do
+    held="$(scontrol show hostnames "$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' NodeList=[^ ]*' | cut -d= -f2)" | wc -l)"
+    idle="$(sinfo -h -p "$SLURM_JOB_PARTITION" -t idle -o '%D' | awk '{ n += $1 } END { print n + 0 }')"
+    if ((idle >= ${#allocation[@]} - held)); then
+      echo "$idle idle nodes in $SLURM_JOB_PARTITION: saving and requeueing to train on $full_nodes nodes again"
+      python -m training.resilience.recovery grow "$LOG_DIR" --nodes "$TRAIN_NODES" --full "$full_nodes"
+      while scancel --signal=USR1 "$SLURM_JOB_ID"; do sleep "$GROW_CHECK_S"; done
+      return
+    fi
+  done
+}
 relaunch=0
 while true; do
   nodelist="$(IFS=,; echo "${train_nodes[*]}")"
@@ -298,7 +333,7 @@ while true; do
   # port, so that nothing left of the failed round (a torchrun on a dying node) can join or answer it.
   master_addr=${train_nodes[0]}
   rdzv_port=$((RDZV_PORT + relaunch))
-  spares=$((${#allocation[@]} - TRAIN_NODES))
+  spares=$((${#allocation[@]} - full_nodes))
   echo "job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}, relaunch $relaunch): $MODEL on $TRAIN_NODES nodes x" \
     "${NPROC_PER_NODE} workers ($nodelist$( ((spares)) && echo "; $spares more in the allocation")), rendezvous" \
     "$master_addr:$rdzv_port, config $used_config, arguments: ${*:-none}"
@@ -318,12 +353,16 @@ while true; do
   # others blocked in a collective until the timeout. --overlap: a failed step still holds the CPUs of the
   # surviving nodes until Slurm hears from every node of it (a lost node: SlurmdTimeout); the relaunch
   # need not wait for that (the allocation is exclusive, nothing else runs there).
-  TRAIN_COMMAND="$(printf '%q ' "${launcher[@]}" --config "$CONFIG" --model "$MODEL" "$@")" \
+  TRAIN_COMMAND="$(printf '%q ' "${launcher[@]}" --config "$CONFIG" --model "$MODEL" "$@" ${fewer_args[@]+"${fewer_args[@]}"})" \
     srun --nodes="$TRAIN_NODES" --ntasks="$TRAIN_NODES" --nodelist="$nodelist" --overlap --kill-on-bad-exit=1 \
     --cpus-per-task="$SLURM_CPUS_ON_NODE" ${IN_IMAGE[@]+"${IN_IMAGE[@]}"} "${train_task[@]}" &
   train_pid=$!
   watch_step "$train_pid" &
   watcher_pid=$!
+  if ((TRAIN_NODES < full_nodes)); then
+    watch_for_nodes &
+    grower_pid=$!
+  fi
   rc=0
   wait "$train_pid" || rc=$?
   while kill -0 "$train_pid" 2>/dev/null; do  # a trapped signal interrupted wait: wait again
@@ -332,6 +371,7 @@ while true; do
   done
   ended_at=$EPOCHREALTIME
   stop_watcher
+  stop_grower
   stop_monitor
   rm -f "$STEP_FAILED_MARK"
 
@@ -348,10 +388,20 @@ while true; do
   if { ((rc)) || [[ $status == none ]]; } && [[ $(cat "$TRAIN_FAILURE_FILE" 2>/dev/null) != user:* ]]; then
     mapfile -t up < <(healthy_nodes)
   fi
-  # complete | relaunch | requeue | user-error | give-up, with the reason on stderr and an event in metrics.jsonl.
-  action="$(python -m training.resilience.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" \
-    --reason-file "$TRAIN_FAILURE_FILE" --nodes-up "${#up[@]}" --train-nodes "$TRAIN_NODES" --ended-at "$ended_at")"
+  # complete | relaunch | fewer NODES MICRO_BATCH | requeue | user-error | give-up, with the reason on stderr and an
+  # event in metrics.jsonl.
+  decision="$(python -m training.resilience.recovery decide "$LOG_DIR" --exit "$rc" --status "$status" \
+    --reason-file "$TRAIN_FAILURE_FILE" --nodes-up "${#up[@]}" --train-nodes "$TRAIN_NODES" --ended-at "$ended_at" \
+    --min-nodes "${MIN_TRAIN_NODES:-0}" --gpus-per-node "$NPROC_PER_NODE" -- --config "$CONFIG" --model "$MODEL" "$@")"
+  read -r action fewer_nodes fewer_micro <<<"$decision"
   case $action in
+    fewer)
+      if ((cancelled)); then echo "the job is being ended (scancel or its time limit): not relaunched"; exit "$rc"; fi
+      train_nodes=("${up[@]:0:fewer_nodes}")
+      TRAIN_NODES=$fewer_nodes
+      fewer_args=("train.micro_batch_size=$fewer_micro")
+      relaunch=$((relaunch + 1))
+      continue ;;
     relaunch)
       if ((cancelled)); then echo "the job is being ended (scancel or its time limit): not relaunched"; exit "$rc"; fi
       train_nodes=("${up[@]:0:TRAIN_NODES}")

@@ -141,7 +141,7 @@ class Trainer:
         replicate_group = self.mesh["dp_replicate"].get_group() if cfg.train.parallelism == "hsdp" else None
         self.ckpt = Checkpointer(cfg.checkpoint.dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                  d=d, identity=identity, replicate_group=replicate_group)
-        # A snapshot is one rank's shard: it loads only on the layout that wrote it.
+        # A snapshot is one rank's shard: it loads on the model and parallelism that wrote it, on any world size.
         self.snapshots = Snapshots(cfg.checkpoint.snapshot_dir, cfg.name, every=cfg.checkpoint.snapshot_every, d=d, layout={
             **identity, "parallelism": cfg.train.parallelism, "tensor_parallel": cfg.train.tensor_parallel,
             "world_size": d.world_size}) if cfg.checkpoint.snapshot_every else None
@@ -437,15 +437,17 @@ class Trainer:
 
     def _resume_from_snapshot(self) -> int:
         """The step of the newest snapshot in memory that every rank can load, if newer than the file system's
-        latest checkpoint (or as new), loaded; 0 where there is none (training/checkpoints/snapshot.py)."""
+        latest checkpoint (or as new), loaded; 0 where there is none (training/checkpoints/snapshot.py). One
+        written on another world size is resharded and loaded as ``_resume`` loads a checkpoint of one."""
         self.step = 0  # app_state's, until a state is loaded
         if self.snapshots is None:
             return 0
-        restored = self.snapshots.restore(lambda: self.app_state(), not_before=self.ckpt.latest_step())
+        restored = self.snapshots.restore(lambda world: self.app_state(None if world == self.d.world_size else (0,)),
+                                          not_before=self.ckpt.latest_step())
         if restored is None:
             return 0
         state, step, how = restored
-        self._load(state, same_world=True)
+        self._load(state, same_world=how["saved_world"] == self.d.world_size)
         self.metrics_resume = {"source": "snapshot", "step": step, **how}
         return step
 

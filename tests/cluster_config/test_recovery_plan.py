@@ -70,8 +70,11 @@ def test_an_override_keeps_the_entrys_snapshot_interval_and_zero_turns_snapshots
     assert training_config(settings, model7)["checkpoint"]["snapshot_every"] == 0
     row = row_of(build_plan(settings), "model7")
     assert row.snapshot_every == 0 and row.host_memory["own"] == row.host_memory["buddy"] == 0
-    # No snapshots: a failure always takes the requeue path, a hot spare or not.
-    assert row.goodput.p_no_hot_spare == 1 and row.goodput.lost_per_failure_s == row.goodput.requeue_lost_s
+    # No snapshots: a hot spare is never used; going on with fewer nodes redoes the work since the last checkpoint.
+    good = row.goodput
+    assert good.p_no_hot_spare == 1 and good.lost_per_failure_s == good.fewer_lost_s
+    assert good.fewer_lost_s == pytest.approx(good.detection_s + good.relaunch_s + good.transfer_s + good.rework_s
+                                              + 2 / 34 * good.replacement_s + good.grow_back_s)
 
 
 # --- host memory ---------------------------------------------------------------------------------
@@ -238,3 +241,28 @@ def test_a_hot_spare_makes_a_failure_cost_minutes(tmp_path, write_env):
 def test_negative_hot_spares_are_refused(tmp_path, write_env):
     with pytest.raises(SettingsError, match="hot_spares"):
         load_settings("prod", with_model_changes(tmp_path, write_env, "model1", hot_spares=-1))
+
+
+# --- going on with fewer nodes ---------------------------------------------------------------------
+
+def test_with_no_spare_each_model_goes_on_with_the_most_nodes_its_global_batch_divides_on(prod_plan):
+    fewer = {row.name: (row.fewer_nodes, row.nodes) for row in prod_plan.rows}
+    # HSDP shards of 8 GPUs, micro-batch 2 (1) over 8 GPUs a node: 1024 = 2 x 16 x 32 on 2 of model1's 4 nodes;
+    # 1120 = 2 x 40 x 14 on 5 of 7; 1152 = 1 x 72 x 16 on 9 of 12; model7 (tensor parallel 8): 1088 = 2 x 32 x 17
+    assert fewer == {"model1": (2, 4), "model2": (2, 4), "model3": (5, 7), "model4": (5, 7), "model5": (9, 12),
+                     "model6": (9, 12), "model7": (32, 34)}
+    for row in prod_plan.rows:
+        assert row.goodput.lost_per_failure_s == row.goodput.fewer_lost_s < row.goodput.requeue_lost_s / 2 + 60
+    job = job_files(load_settings("prod"))["train_model7.sh"]
+    assert 'export MIN_TRAIN_NODES="${MIN_TRAIN_NODES:-32}"' in job
+
+
+def test_a_min_nodes_not_below_the_models_nodes_is_refused(tmp_path, write_env):
+    with pytest.raises(SettingsError, match=r"model7: min_nodes 34 must be below its nodes \(34\)"):
+        load_settings("prod", with_model_changes(tmp_path, write_env, "model7", min_nodes=34))
+
+
+def test_a_min_nodes_its_batch_divides_on_none_of_is_flagged(tmp_path, write_env):
+    plan = build_plan(load_settings("prod", with_model_changes(tmp_path, write_env, "model7", min_nodes=33)))
+    assert row_of(plan, "model7").fewer_nodes == 0  # 1088 sequences do not divide over 33 nodes
+    assert any(w.startswith("model7: min_nodes 33") and "lower min_nodes to 32" in w for w in plan.warnings)

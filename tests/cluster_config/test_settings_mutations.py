@@ -206,8 +206,9 @@ def test_an_unknown_gpu_instance_type_needs_its_gpu_count(tmp_path):
 
 
 def test_plan_exits_non_zero_when_it_prints_an_error(tmp_path, monkeypatch, capsys):
-    # Failures outpacing progress (every node failing daily): the plan used to raise OverflowError here.
-    write_env(tmp_path, "prod", goodput__failures_per_1000_node_days=1000)
+    # Failures outpacing progress (every node failing daily, each failure waiting for a replacement): the plan used
+    # to raise OverflowError here.
+    write_env(tmp_path, "prod", goodput__failures_per_1000_node_days=1000, models__6__min_nodes="DELETE")
     monkeypatch.setattr(cli, "load_settings", lambda env: load_settings(env, config_dir=tmp_path))
     assert cli.main(["plan", "--env", "prod"]) == 1
     out, err = capsys.readouterr()

@@ -51,6 +51,9 @@ def test_common_directives_are_identical_and_safe(scripts):
         assert lead >= 600
     for path in scripts:  # thin: directives, then hand over to train.sh with the model name
         body = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        fewer = [line for line in body if line.startswith("export MIN_TRAIN_NODES=")]  # prod's: models.<m>.min_nodes
+        assert all(re.fullmatch(r'export MIN_TRAIN_NODES="\$\{MIN_TRAIN_NODES:-\d+\}"  # .+', line) for line in fewer)
+        body = [line for line in body if line not in fewer]
         assert body == ["set -euo pipefail",
                         f'export TRAIN_TIME_LIMIT="${{TRAIN_TIME_LIMIT:-{c["time"]}}}"  # --time above, for train.sh\'s requeue',
                         'export HOT_SPARES="${HOT_SPARES:-0}"  # of --nodes above, the nodes held for recovery: the others train',

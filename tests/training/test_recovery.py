@@ -21,10 +21,10 @@ def job(monkeypatch):
 
 
 def decide(log_dir, *, exit_code=1, status="none", reason="", now=100 * HOUR, budget=2, relaunches=0, nodes_up=2,
-           train_nodes=2):
+           train_nodes=2, fewer=None):
     return recovery.decide(log_dir, exit_code=exit_code, status=status, reason=reason, max_recoveries=budget,
                            window_hours=24, max_relaunches=relaunches, nodes_up=nodes_up, train_nodes=train_nodes,
-                           now=now)
+                           now=now, fewer=fewer)
 
 
 def events(log_dir):
@@ -126,3 +126,38 @@ def test_command_line_prints_the_action_and_logs_launch_events(tmp_path):
     run("start", str(tmp_path), "--relaunch", "1", "--nodes", "node1,node3")
     relaunched = events(tmp_path)[-1]
     assert (relaunched["event"], relaunched["relaunch"], relaunched["nodes"]) == ("launch", 1, "node1,node3")
+    # One node of two left, as jobs/train.sh asks: the trainer's own arguments after --, its config read as it reads it.
+    env.update(FSX_CHECKPOINTS=str(tmp_path), FSX_LOGS=str(tmp_path), FSX_DATA=str(tmp_path))
+    result = run("decide", str(tmp_path), "--exit", "1", "--nodes-up", "1", "--train-nodes", "2", "--min-nodes", "1",
+                 "--gpus-per-node", "1", "--", "--config", "jobs/training/configs/tiny.yaml", "--model", "model1",
+                 "train.micro_batch_size=16")
+    assert result.stdout == "fewer 1 16\n" and "going on with 1 of the 2 nodes" in result.stderr
+
+
+def test_with_no_spare_free_the_run_goes_on_with_fewer_nodes_keeping_its_global_batch(tmp_path, job, monkeypatch):
+    from training.config import load_config
+
+    monkeypatch.setenv("FSX_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("FSX_LOGS", str(tmp_path / "logs"))
+
+    # 4 nodes x 8 GPUs, micro-batch 2, global batch 1024 (prod's model1): on 3 nodes 24 ranks divide it with no
+    # micro-batch; on 2 nodes 16 ranks x micro-batch 2 x 32 micro-batches do.
+    cfg = load_config(None, ["train.global_batch_size=1024", "train.micro_batch_size=2", "data.path=/data"])
+    assert recovery.fewer_nodes(cfg, 3, 8, min_nodes=2) == (2, 2, "")
+    # 1088 sequences (prod's model7) on 33 nodes x 8 GPUs at tensor parallel 8: no micro-batch divides it;
+    # on 32, micro-batch 2 (17 of them a step) does.
+    tp8 = load_config(None, ["model.preset=llama2-7b", "train.global_batch_size=1088", "train.micro_batch_size=4",
+                             "train.parallelism=fsdp",
+                             "train.tensor_parallel=8", "data.path=/data"])
+    assert recovery.fewer_nodes(tp8, 33, 8, min_nodes=30) == (32, 2, "")
+    nodes, micro, why = recovery.fewer_nodes(cfg, 3, 8, min_nodes=3)
+    assert (nodes, micro) == (0, 0) and why.startswith("the global batch 1024 divides on none of 3 to 3 nodes of 8 GPUs")
+
+    fewer = lambda up: recovery.fewer_nodes(cfg, up, 8, min_nodes=2)  # noqa: E731
+    action, message = decide(tmp_path, relaunches=3, nodes_up=3, train_nodes=4, fewer=fewer)
+    assert action == "fewer 2 2" and "no spare node free: going on with 2 of the 4 nodes in the same job" in message
+    assert events(tmp_path)[-1] | {"fewer_than": 4, "train_nodes": 2, "action": "relaunch"} == events(tmp_path)[-1]
+    # Where the batch divides on none of the nodes allowed, the reason is logged and the job requeues.
+    action, message = decide(tmp_path, relaunches=3, nodes_up=2, train_nodes=4,
+                             fewer=lambda up: recovery.fewer_nodes(cfg, up, 8, min_nodes=3))
+    assert action == "requeue" and "not going on with fewer: the global batch 1024 divides on none of 3 to 2" in message

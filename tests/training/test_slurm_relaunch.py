@@ -128,7 +128,7 @@ def test_a_node_whose_workers_are_killed_trains_again_in_the_same_job(jobs, refe
     launch = relaunched_in_the_same_job(job, reference, killed_at)
     assert hostnames(launch["nodes"]) == job.nodes()  # both nodes still fit: the same two
     # From the nodes' memory: each rank's own snapshot, on its own node.
-    assert resumed_from(job, launch) == {"source": "snapshot", "own_node": 2, "other_node": 0}
+    assert resumed_from(job, launch) == {"source": "snapshot", "own_node": 2, "other_node": 0, "saved_world": 2}
 
 
 def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(jobs, reference):
@@ -156,10 +156,50 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(jobs, reference):
         assert hostnames(launch["nodes"]) == [first, spare]
         assert f"node {lost} left out" in job.output()
         # The survivor's rank from its own memory, the spare's from the copy the survivor keeps of the lost node's.
-        assert resumed_from(job, launch) == {"source": "snapshot", "own_node": 1, "other_node": 1}
+        assert resumed_from(job, launch) == {"source": "snapshot", "own_node": 1, "other_node": 1, "saved_world": 2}
     finally:
         # Back into service for the tests after this one, as ParallelCluster's replacement would be.
         subprocess.run([str(cluster.repo / "local_cluster/cluster.sh"), "reboot", lost], capture_output=True, timeout=600)
+
+
+def test_a_lost_node_with_no_spare_goes_on_with_fewer_nodes_then_grows_back(jobs):
+    """Two nodes, no spare, MIN_TRAIN_NODES=1: the second node lost (as above), the job goes on at once on the
+    first, its state resharded from that node's memory (its own snapshot and its copy of the lost node's), the
+    global batch kept by two micro-batches a step; once the partition has a node idle for the whole allocation
+    again, the workers save and stop and the job requeues itself onto two nodes, and completes."""
+    steps = 40  # the run on one node lasts beyond the look for idle nodes (every 2 s) and the workers' start
+    job = jobs.submit("relaunch-fewer", *RUN, *SNAPSHOTS, f"train.steps={steps}", MIN_TRAIN_NODES="1", GROW_CHECK_S="2")
+    job.wait_for_step(FAULT_AFTER)
+    wait_for_snapshot(job, FAULT_AFTER)
+    first, lost = job.nodes()
+    try:
+        killed_at = time.time()
+        kill([int(pid) for pid in subprocess.run(["ip", "netns", "pids", f"lc{cluster_name()}-{lost}"],
+                                                 capture_output=True, text=True, check=True).stdout.split()])
+        deadline = time.monotonic() + 180
+        while not [e for e in job.events("recovery") if e.get("fewer_than")]:  # (a probe may still find it up once)
+            assert time.monotonic() < deadline, job.output()[-4000:]
+            time.sleep(0.5)
+        subprocess.run([str(jobs.cluster.repo / "local_cluster/cluster.sh"), "reboot", lost], capture_output=True,
+                       timeout=600)  # ParallelCluster's replacement: back in the partition, idle
+        assert job.wait() == ("COMPLETED", 0), job.output()[-4000:]
+    finally:
+        subprocess.run([str(jobs.cluster.repo / "local_cluster/cluster.sh"), "reboot", lost], capture_output=True,
+                       timeout=600)
+    [fewer] = [e for e in job.events("recovery") if e.get("fewer_than")]
+    [grow] = [e for e in job.events("recovery") if e["action"] == "grow"]
+    assert fewer["action"] == "relaunch" and fewer["train_nodes"] == 1 and fewer["fewer_than"] == 2, fewer
+    assert "no spare node free: going on with 1 of the 2 nodes in the same job" in job.output()
+    assert grow["action"] == "grow" and grow["planned"] and grow["full"] == 2, grow
+    starts = [r for r in job.records() if r.get("event") == "start"]
+    shrunk = next(s for s in starts if s["time"] > fewer["time"])
+    assert shrunk["world_size"] == 1 and shrunk["resumed_from"]["source"] == "snapshot", shrunk
+    assert shrunk["resumed_from"]["saved_world"] == 2 and shrunk["resumed_from"]["own_node"] == 1
+    assert starts[-1]["world_size"] == 2 and starts[-1]["resumed_from"]["source"] == "checkpoint"
+    assert job.record()["Restarts"] == "1"  # the grow-back's requeue, planned
+    assert sorted({r["step"] for r in job.records() if "loss" in r}) == list(range(1, steps + 1))
+    first_step = next(r for r in job.records() if "loss" in r and r["time"] > shrunk["time"])
+    print(f"\njob {job.id}: lost node -> next completed step on fewer nodes {first_step['time'] - killed_at:.1f} s")
 
 
 def test_the_lost_batch_node_requeues_the_job(jobs, reference):

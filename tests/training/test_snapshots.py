@@ -37,6 +37,27 @@ def test_the_newest_step_whole_for_every_rank_is_chosen():
     assert plan_restore(other_layout, world_size=2, layout=LAYOUT, not_before=0, refused=set()) is None
 
 
+def test_a_step_whole_on_another_world_size_is_chosen_for_resharding():
+    held = [copy("n1", r, 6) for r in (0, 1)] + [Copy("n1", r, 8, {"world_size": 4, "layout": {**LAYOUT, "world_size": 4}})
+                                                 for r in range(4)]
+    step, sources = plan_restore(held, world_size=2, layout=LAYOUT, not_before=0, refused=set())
+    assert step == 8 and sorted(sources) == [0, 1, 2, 3]  # written by 4 ranks: loaded resharded onto 2
+    step, sources = plan_restore(held, world_size=2, layout=LAYOUT, not_before=0, refused={("n1", 3, 8)})
+    assert step == 6 and sorted(sources) == [0, 1]  # old rank 3's only copy refused: step 8 is not whole
+
+
+def test_chunks_follow_torchs_sharding_uneven_and_replicated():
+    from torch.distributed.tensor import Replicate, Shard
+
+    from training.checkpoints.reshard import chunk_indices
+
+    # 10 rows over 4 ranks: 3, 3, 3, 1 (torch.chunk); a replicated dimension is whole on every rank.
+    rows = [chunk_indices((10, 2), (4,), [r], [Shard(0)])[0].tolist() for r in range(4)]
+    assert rows == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert [i.tolist() for i in chunk_indices((4, 6), (2, 3), [1, 2], [Replicate(), Shard(1)])] == [[0, 1, 2, 3], [4, 5]]
+    assert chunk_indices((3,), (4,), [3], [Shard(0)])[0].tolist() == []  # more ranks than rows: an empty chunk
+
+
 def test_buddies_pair_each_rank_with_the_same_place_half_the_nodes_away():
     nodes = [n for n in ("a", "b", "c", "d") for _ in range(2)]  # 4 nodes x 2 ranks
     pairs = [buddies(nodes, r) for r in range(8)]
@@ -48,10 +69,11 @@ def test_buddies_pair_each_rank_with_the_same_place_half_the_nodes_away():
 
 
 class TwoNodes:
-    """One rank on each of two named nodes, as two torchrun launchers joined by a c10d rendezvous."""
+    """``nproc`` ranks on each of the named nodes (two, unless a start names fewer or more), as torchrun
+    launchers joined by a c10d rendezvous."""
 
-    def __init__(self, run: Run, data: Path, shm: Path):
-        self.run, self.data, self.shm = run, data, shm
+    def __init__(self, run: Run, data: Path, shm: Path, *, nproc: int = 1, settings: tuple[str, ...] = SHORT):
+        self.run, self.data, self.shm, self.nproc, self.settings = run, data, shm, nproc, settings
         self.processes: list[subprocess.Popen] = []
         self.outputs: list[Path] = []
 
@@ -59,9 +81,9 @@ class TwoNodes:
         port, self.processes, self.outputs = free_port(), [], []
         for node in nodes:
             out = self.run.root / f"launch-{len(self.run.records())}-{node}.txt"
-            cmd = [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            cmd = [*TORCHRUN, f"--nnodes={len(nodes)}", f"--nproc-per-node={self.nproc}", "--rdzv-backend=c10d",
                    f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=snap{port}", "-m", "training.train",
-                   "--config", str(CONFIG), f"data.path={self.data}", *SHORT, "checkpoint.every=100",
+                   "--config", str(CONFIG), f"data.path={self.data}", *self.settings, "checkpoint.every=100",
                    "checkpoint.snapshot_every=2", f"checkpoint.snapshot_dir={self.shm}", *extra]
             self.processes.append(subprocess.Popen(cmd, env={**self.run.env(), "SLURMD_NODENAME": node}, cwd=REPO,
                                                    stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True))
@@ -94,9 +116,10 @@ class TwoNodes:
         return self.shm / f"llm-snapshots-model1-{os.getuid()}/job_local" / node
 
     def whole_steps(self, *nodes: str) -> set[int]:
-        """Steps whose two ranks each have a manifest on every one of ``nodes`` (own copy and buddy's)."""
+        """Steps with a manifest for every rank of the world on every one of ``nodes`` (own copies and buddies')."""
+        world = self.nproc * len(nodes)
         found = [{int(m.parent.name[5:]) for m in self.node_dir(n).glob("step_*/rank_*.json")
-                  if len(list(m.parent.glob("rank_*.json"))) == 2} for n in nodes]
+                  if len(list(m.parent.glob("rank_*.json"))) == world} for n in nodes]
         return set.intersection(*found) if found else set()
 
     def kill_after_snapshot(self, step: int, *nodes: str, timeout: float = 90) -> int:
@@ -197,3 +220,72 @@ def shutil_rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path)
+
+
+FSDP = ("train.parallelism=fsdp", "train.steps=12", "log.interval=1", "train.micro_batch_size=8",
+        "optim.warmup_steps=2", "data.num_workers=0")
+
+
+def resumed_from_checkpoint(root: Path, source: Run, step: int, data: Path, nproc: int) -> Run:
+    """A run on ``nproc`` ranks resumed from ``source``'s checkpoint of ``step`` on the file system, saving every 2
+    steps (a checkpoint at each step where the snapshots' run took a snapshot)."""
+    resumed = Run(root)
+    resumed.checkpoints.mkdir(parents=True)
+    shutil_copytree(source.checkpoints / f"step_{step:08d}", resumed.checkpoints / f"step_{step:08d}")
+    (resumed.checkpoints / "latest").write_text(f"step_{step:08d}\n")
+    assert resumed.run(data, *FSDP, "checkpoint.every=2", "checkpoint.keep=100", nproc=nproc) == 0, resumed.output[-4000:]
+    return resumed
+
+
+def test_a_node_lost_without_a_spare_goes_on_with_fewer_ranks_then_grows_back(run, tiny_data, tmp_path):
+    """FSDP on 2 nodes x 2 ranks; n2 lost: its state resharded from n1's memory (its own shards and the buddy
+    copies of n2's) onto n1's 2 ranks, the global batch kept by twice the micro-batches; then 2 nodes again
+    (n3 holding nothing: its shards cut from n1's snapshot, sent over the network). Every loss equals a
+    resume from the file system's checkpoint of the same step on the same world size."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    nodes = TwoNodes(run, tiny_data, shm, nproc=2, settings=FSDP)
+    nodes.start("n1", "n2")
+    lost_at = nodes.kill_after_snapshot(4, "n1", "n2")
+    shutil_rmtree(nodes.node_dir("n2"))
+
+    nodes.start("n1")
+    shrunk_at = nodes.kill_after_snapshot(lost_at + 2, "n1")
+    shrunk = starts(run)[-1]
+    assert shrunk["world_size"] == 2 and shrunk["step"] == lost_at, (shrunk, nodes.output()[-3000:])
+    assert shrunk["resumed_from"]["source"] == "snapshot" and shrunk["resumed_from"]["saved_world"] == 4
+    assert shrunk["resumed_from"]["own_node"] == 2 and shrunk["resumed_from"]["bytes_moved"] == 0
+    assert f"resumed from the snapshot in memory of step {lost_at}, resharded from 4 ranks" in nodes.output()
+
+    nodes.start("n1", "n3")
+    assert nodes.wait() == [0, 0], nodes.output()[-4000:]
+    grown = starts(run)[-1]
+    assert grown["world_size"] == 4 and grown["step"] == shrunk_at, grown
+    assert grown["resumed_from"]["saved_world"] == 2 and grown["resumed_from"]["other_node"] == 2
+    assert grown["resumed_from"]["bytes_moved"] > 0
+    assert run.status() == "complete"
+
+    # The same story through the file system: 4 ranks saving every 2 steps, resumed on 2 from the step n2 was
+    # lost at, and that on 4 from the step the shrunk run was stopped at.
+    full = Run(tmp_path / "full")
+    assert full.run(tiny_data, *FSDP, "checkpoint.every=2", "checkpoint.keep=100", nproc=4) == 0, full.output[-4000:]
+    on_two = resumed_from_checkpoint(tmp_path / "on_two", full, lost_at, tiny_data, nproc=2)
+    on_four = resumed_from_checkpoint(tmp_path / "on_four", on_two, shrunk_at, tiny_data, nproc=4)
+    launches: list[list[dict]] = []
+    for record in run.records():
+        if record.get("event") == "start":
+            launches.append([])
+        elif "loss" in record and launches:
+            launches[-1].append(record)
+    first, second, third = launches[-3:]
+    losses = lambda records: {r["step"]: (r["loss"], r["samples_crc"]) for r in records}  # noqa: E731
+    assert losses(first) == {s: v for s, v in full.losses().items() if s in losses(first)}
+    assert losses(second) == {s: v for s, v in on_two.losses().items() if s in losses(second)}
+    assert sorted(losses(second)) == list(range(lost_at + 1, max(losses(second)) + 1)) and max(losses(second)) >= shrunk_at
+    assert losses(third) == on_four.losses() and sorted(losses(third)) == list(range(shrunk_at + 1, 13))
+
+
+def shutil_copytree(source: Path, target: Path) -> None:
+    import shutil
+
+    shutil.copytree(source, target)

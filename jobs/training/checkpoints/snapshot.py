@@ -22,10 +22,12 @@ Layout, in ``checkpoint.snapshot_dir`` (default ``/dev/shm``)::
 A file counts only with its manifest, and both are written under a temporary name and renamed, so a
 snapshot interrupted by a failure is never loaded; a file whose SHA-256 does not match its manifest is
 refused and another copy tried. The previous step's files are removed only once every rank has written
-the new step and its buddy's copy. The same layout (world size, parallelism, model) is needed to load:
-a snapshot is a rank's shard, not a resharding checkpoint; a run on another layout uses the file
-system's. The files go with the job: the run removes them when it ends cleanly, and the node's epilog
-(node_scripts/slurm_health_hook.sh) when the job ends.
+the new step and its buddy's copy. The same model and parallelism are needed to load. On the world size
+that wrote it, each rank loads its own file; on another (a relaunch on fewer nodes, or on all of them
+again), each rank fetches the files of the old ranks whose chunks hold its new shards and cuts them out
+(training/checkpoints/reshard.py), and takes old rank 0's loader position, as a resume from the file
+system on another world size does. The files go with the job: the run removes them when it ends cleanly,
+and the node's epilog (node_scripts/slurm_health_hook.sh) when the job ends.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from training.checkpoints import reshard
 from training.parallel.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -90,26 +93,33 @@ def own_folder(path: Path) -> None:
 class Copy:
     """One rank's state at one step, held in one node's memory."""
     node: str
-    rank: int  # the rank that saved it (the one that loads it, on the same layout)
+    rank: int  # the rank that saved it (the one that loads it, on the same world size)
     step: int
     manifest: dict
 
 
+def same_run(layout: dict, other: dict) -> bool:
+    """The same model and parallelism, on any world size."""
+    return {k: v for k, v in layout.items() if k != "world_size"} == {k: v for k, v in other.items() if k != "world_size"}
+
+
 def plan_restore(holdings: list[Copy], *, world_size: int, layout: dict, not_before: int,
-                 refused: set[tuple[str, int, int]]) -> tuple[int, dict[int, Copy]] | None:
-    """The newest step at or after ``not_before`` for which every rank's state is held somewhere (and not
-    refused, as ``(node, rank, step)``), and where each rank reads its own from; None if there is none."""
-    by_step: dict[int, dict[int, list[Copy]]] = {}
+                 refused: set[tuple[str, int, int]]) -> tuple[int, dict[int, list[Copy]]] | None:
+    """The newest step at or after ``not_before`` for which every rank of the world that wrote it has its
+    state held somewhere (and not refused, as ``(node, rank, step)``), and where each of those ranks' states
+    is held; None if there is none. That world may be another size than ``world_size`` (then resharded):
+    ``len(sources)`` is its size. At one step, this world's snapshot is preferred."""
+    by_step: dict[tuple[int, int], dict[int, list[Copy]]] = {}
     for copy in holdings:
         m = copy.manifest
-        if (copy.node, copy.rank, copy.step) in refused or m.get("world_size") != world_size or m.get("layout") != layout:
+        if (copy.node, copy.rank, copy.step) in refused or not same_run(m.get("layout", {}), layout):
             continue
-        by_step.setdefault(copy.step, {}).setdefault(copy.rank, []).append(copy)
-    for step in sorted(by_step, reverse=True):
+        by_step.setdefault((copy.step, int(m.get("world_size", 0))), {}).setdefault(copy.rank, []).append(copy)
+    for step, world in sorted(by_step, key=lambda k: (k[0], k[1] == world_size), reverse=True):
         if step < not_before:
             break
-        ranks = by_step[step]
-        if len(ranks) == world_size:
+        ranks = by_step[step, world]
+        if set(ranks) == set(range(world)):
             return step, {rank: sorted(copies, key=lambda c: c.node) for rank, copies in ranks.items()}
     return None
 
@@ -194,8 +204,8 @@ class Snapshots:
         """Copy this rank's state to CPU memory and hand it to the writer; returns the seconds training waited."""
         start = time.perf_counter()
         self.wait()
-        copy = local_shards(state)
-        self._pending = (self._writer.submit(self._write, step, copy), step)
+        copy, places = local_shards(state), reshard.meshes(state)
+        self._pending = (self._writer.submit(self._write, step, copy, places), step)
         return time.perf_counter() - start
 
     def poll(self) -> None:
@@ -211,13 +221,14 @@ class Snapshots:
             except Exception as exc:  # a peer gone mid-copy: this step's snapshot is not whole, and never loads
                 log.warning("snapshot step %d not written: %s", step, exc)
 
-    def _write(self, step: int, state: dict) -> None:
+    def _write(self, step: int, state: dict, places: dict) -> None:
         started = time.perf_counter()
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getbuffer()
         manifest = {"step": step, "rank": self.d.rank, "world_size": self.d.world_size, "layout": self.layout,
-                    "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "written_on": self.node}
+                    "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "written_on": self.node,
+                    "meshes": places}  # this rank's place in each device mesh: where its chunks lie, to reshard
         problem = ""
         try:
             self._store(self.d.rank, step, data, manifest)
@@ -262,15 +273,15 @@ class Snapshots:
             os.replace(temporary, folder / name)
 
     def _remove_before(self, step: int) -> None:
-        """This rank's files (its own and its buddy's copy) of every step before ``step``."""
-        mine = {self.d.rank, self.buddy_of} - {None}
+        """Every file on this node of every step before ``step``: every rank of the job has written ``step``
+        (or the state is being discarded), and older steps may hold another world size's ranks."""
         for folder in self.dir.glob("step_*"):
             match = STEP_DIR.fullmatch(folder.name)
             if not match or int(match[1]) >= step:
                 continue
-            for rank in mine:
-                for suffix in (".json", ".pt"):  # the manifest first: a file without one is never loaded
-                    (folder / f"rank_{rank:05d}{suffix}").unlink(missing_ok=True)
+            for suffix in ("json", "pt"):  # the manifests first: a file without one is never loaded
+                for path in folder.glob(f"rank_*.{suffix}"):
+                    path.unlink(missing_ok=True)
             try:
                 folder.rmdir()  # the node's last rank to get here removes it
             except OSError:
@@ -308,9 +319,11 @@ class Snapshots:
         return found
 
     def restore(self, template, *, not_before: int) -> tuple[dict, int, dict] | None:
-        """Load the newest whole snapshot at or after step ``not_before`` (the file system's latest) into
-        ``template()``'s form, on every rank; None (on every rank) where there is none.
-        Returns (state, step, how: counts of ranks loaded from their own node and from another's)."""
+        """Load the newest whole snapshot at or after step ``not_before`` (the file system's latest) on every
+        rank; None (on every rank) where there is none. ``template(saved_world)``: this run's state to load
+        into, for a snapshot written by ``saved_world`` ranks (``app_state``: rank 0's per-rank items on
+        another world size). Returns (state, step, how: ranks loaded from their own node and from another's,
+        bytes sent between nodes, seconds, the world size that wrote it)."""
         if not self.enabled:
             return None
         gathered: list = [None] * self.d.world_size
@@ -326,8 +339,30 @@ class Snapshots:
                                 "the file system", len(holdings), f", {len(refused)} refused" if refused else "")
                 return None
             step, sources = plan
+            saved_world = len(sources)
             start = time.perf_counter()
-            data, failures, moved = self._fetch(step, sources)
+            state = template(saved_world)
+            cut, problem = None, ""
+            if saved_world == self.d.world_size:
+                mine = [self.d.rank]
+            else:
+                try:
+                    local = {rank for rank, copies in sources.items() if any(c.node == self.node for c in copies)}
+                    cut = reshard.Plan(state, {rank: copies[0].manifest for rank, copies in sources.items()}, local,
+                                       rank=self.d.rank)
+                    mine = cut.sources
+                except reshard.Unreshardable as exc:
+                    problem, mine = str(exc), []
+            problems: list = [None] * self.d.world_size
+            dist.all_gather_object(problems, problem, group=self.group)
+            if any(problems):
+                if self.d.is_main:
+                    log.warning("snapshots in memory: step %d of %d ranks cannot be resharded to %d ranks (%s): resuming "
+                                "from the file system", step, saved_world, self.d.world_size, next(p for p in problems if p))
+                return None
+            needs: list = [None] * self.d.world_size
+            dist.all_gather_object(needs, mine, group=self.group)
+            data, failures, moved = self._fetch(step, sources, needs)
             everyone: list = [None] * self.d.world_size
             dist.all_gather_object(everyone, failures, group=self.group)
             new = {f for rank_failures in everyone for f in rank_failures}
@@ -337,61 +372,77 @@ class Snapshots:
                 if self.d.is_main:
                     log.warning("snapshot step %d of rank %d on %s refused: %s; trying another copy", bad_step, rank, node, why)
                 refused.add((node, rank, bad_step))
-        state = into_template(torch.load(io.BytesIO(data), weights_only=True), template())
-        counts = torch.tensor([int(self._source(sources[self.d.rank]).node == self.node), moved], dtype=torch.int64)
+        files = {rank: torch.load(io.BytesIO(payload), weights_only=True) for rank, payload in data.items()}
+        if cut is None:
+            state = into_template(files[self.d.rank], state)
+        else:  # old rank 0's per-rank items (its loader position) to every rank, from new rank 0, which read them
+            items = [files[0]["rank0"] if self.d.is_main else None]
+            dist.broadcast_object_list(items, src=0, group=self.group)
+            state = into_template({**cut.assemble(state, files), "rank0": items[0]}, state)
+        local = all(self._holder(sources[old], self.d.rank).node == self.node for old in needs[self.d.rank])
+        counts = torch.tensor([int(local), moved], dtype=torch.int64)
         dist.all_reduce(counts, group=self.group)
         how = {"own_node": int(counts[0]), "other_node": self.d.world_size - int(counts[0]), "bytes_moved": int(counts[1]),
-               "seconds": round(time.perf_counter() - start, 3)}
+               "seconds": round(time.perf_counter() - start, 3), "saved_world": saved_world}
         if self.d.is_main:
-            log.info("resumed from the snapshot in memory of step %d: of its %d ranks, %d from their own node, %d from a copy on "
-                     "another node (%.3g MB sent, %.2f s)", step, self.d.world_size, how["own_node"], how["other_node"], how["bytes_moved"] / 1e6,
-                     how["seconds"])
+            resharded = f", resharded from {saved_world} ranks" if saved_world != self.d.world_size else ""
+            log.info("resumed from the snapshot in memory of step %d%s: of its %d ranks, %d from their own node, %d from a "
+                     "copy on another node (%.3g MB sent, %.2f s)", step, resharded, self.d.world_size, how["own_node"],
+                     how["other_node"], how["bytes_moved"] / 1e6, how["seconds"])
         self.last_written = step
         return state, step, how
 
-    def _source(self, copies: list[Copy]) -> Copy:
-        """Where a rank's state is read from: its own node if it holds it, else the first node that does."""
-        return next((c for c in copies if c.node == self.node), copies[0])
+    def _holder(self, copies: list[Copy], rank: int) -> Copy:
+        """The copy ``rank`` reads: one on its own node if its node holds one, else the first node's."""
+        return next((c for c in copies if c.node == self.nodes[rank]), copies[0])
 
-    def _fetch(self, step: int, sources: dict[int, list[Copy]]) -> tuple[bytes | None, list, int]:
-        """This rank's state at ``step``: read here, or received from the node holding it; this rank sends what
-        its node holds for ranks elsewhere (the node's lowest rank sends). Returns (data, refused copies, bytes sent)."""
+    def _fetch(self, step: int, sources: dict[int, list[Copy]], needs: list[list[int]]) -> tuple[dict[int, bytes], list, int]:
+        """The saved states this rank needs (``needs[rank]``: saving ranks) at ``step``: read here, or received from
+        the node holding them; this rank sends what its node holds for ranks elsewhere (the node's lowest rank
+        sends), each file read once. Returns (payload by saving rank, refused copies, bytes sent)."""
         first_rank = {node: self.nodes.index(node) for node in set(self.nodes)}
-        chosen = {}
-        for rank, copies in sources.items():
-            there = next((c for c in copies if c.node == self.nodes[rank]), None)
-            chosen[rank] = there or copies[0]
-        failures, sent = [], 0
-        sends, outgoing = [], []
-        for rank, copy in chosen.items():
-            if copy.node == self.node and first_rank[self.node] == self.d.rank and self.nodes[rank] != self.node:
+        failures, sent, sends, keep = [], 0, [], []
+        if first_rank[self.node] == self.d.rank:
+            read: dict[int, bytearray] = {}
+            for rank, wanted in enumerate(needs):
+                if self.nodes[rank] == self.node:
+                    continue
+                for old in wanted:
+                    copy = self._holder(sources[old], rank)
+                    if copy.node != self.node:
+                        continue
+                    if old not in read:
+                        read[old], why = self._read(copy)
+                        if why:
+                            failures.append((copy.node, old, step, why))
+                    payload = read[old]
+                    size = torch.tensor([len(payload)], dtype=torch.int64)
+                    keep.append(size)
+                    sends.append(dist.isend(size, rank, group=self.group))
+                    if len(payload):
+                        sends.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), rank, group=self.group))
+                        sent += len(payload)
+        data: dict[int, bytes] = {}
+        for old in needs[self.d.rank]:
+            copy = self._holder(sources[old], self.d.rank)
+            if copy.node == self.node:
                 payload, why = self._read(copy)
                 if why:
-                    failures.append((copy.node, rank, step, why))
-                    payload = b""
-                announced = torch.tensor([len(payload)], dtype=torch.int64)
-                outgoing.append((rank, payload, announced))
-                sends.append(dist.isend(announced, rank, group=self.group))
-        mine = chosen[self.d.rank]
-        data, incoming = None, torch.zeros(1, dtype=torch.int64)
-        if mine.node == self.node:
-            data, why = self._read(mine)
-            if why:
-                failures.append((mine.node, self.d.rank, step, why))
-        else:
-            dist.irecv(incoming, first_rank[mine.node], group=self.group).wait()
-        wait_all(sends)
-        sends = []
-        for rank, payload, _ in outgoing:
-            if len(payload):
-                sends.append(dist.isend(torch.frombuffer(payload, dtype=torch.uint8), rank, group=self.group))
-                sent += len(payload)
-        if mine.node != self.node and int(incoming):
-            buffer = torch.empty(int(incoming), dtype=torch.uint8)
-            dist.irecv(buffer, first_rank[mine.node], group=self.group).wait()
-            data = buffer.numpy().tobytes()
-            if hashlib.sha256(data).hexdigest() != mine.manifest["sha256"]:
-                failures.append((mine.node, self.d.rank, step, "its SHA-256 does not match its manifest (damaged in transfer)"))
+                    failures.append((copy.node, old, step, why))
+                else:
+                    data[old] = payload
+                continue
+            size = torch.zeros(1, dtype=torch.int64)
+            dist.recv(size, first_rank[copy.node], group=self.group)
+            if not int(size):  # unreadable there: the sender reports it
+                continue
+            buffer = torch.empty(int(size), dtype=torch.uint8)
+            dist.recv(buffer, first_rank[copy.node], group=self.group)
+            payload = buffer.numpy().tobytes()
+            if hashlib.sha256(payload).hexdigest() != copy.manifest["sha256"]:
+                failures.append((copy.node, old, step, "its SHA-256 does not match its manifest (damaged in transfer)"))
+            else:
+                data[old] = payload
         wait_all(sends)
         return data, failures, sent
 

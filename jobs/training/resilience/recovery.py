@@ -3,9 +3,11 @@
     python -m training.resilience.recovery start  LOG_DIR [--relaunch K --nodes LIST]  # each start of the training step
     python -m training.resilience.recovery decide LOG_DIR --exit RC --status STATUS [--reason-file FILE]
                                                   [--nodes-up N --train-nodes M] [--ended-at EPOCH]
+                                                  [--min-nodes K --gpus-per-node G -- TRAINER ARGUMENTS]
+    python -m training.resilience.recovery grow   LOG_DIR --nodes N --full M   # a planned stop to train on M again
 
 ``decide`` prints one word for jobs/train.sh — ``complete``, ``relaunch``, ``requeue``, ``user-error`` or ``give-up`` —
-and explains itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``
+or ``fewer NODES MICRO_BATCH``, and explains itself on stderr. Every (re)start and every decision is an event line in ``LOG_DIR/metrics.jsonl``
 (``{"event": "launch" | "recovery", ...}``), next to the trainer's own lines, so one file tells
 the story of a run: when it restarted, why, and on which nodes.
 
@@ -20,7 +22,13 @@ Classification of an ending:
     the same allocation (same job id, no requeue, no wait for nodes) on ``--train-nodes`` of its
     ``--nodes-up`` healthy nodes, resuming from ``latest``; at most ``MAX_RELAUNCHES`` (default 3)
     times per allocation (a requeue brings new nodes and a fresh count). With the relaunches
-    spent, or fewer healthy nodes than training needs (no spare left for a lost one) -> requeue.
+    spent, or fewer healthy nodes than training needs (no spare left for a lost one) -> requeue, unless
+    the run may go on with fewer nodes (``--min-nodes``, models.<m>.min_nodes): then ``fewer``, the largest
+    number of the healthy nodes, at least ``--min-nodes``, on which the global batch stays the same
+    (``fewer_nodes``: the micro-batch lowered where that is what divides it; more micro-batches each step),
+    resuming from the snapshots resharded to the smaller world. A global batch that divides on none of them
+    is refused with its reason, and the job requeues as before. The batch script grows back with a planned
+    stop and requeue once Slurm has nodes for the whole allocation again (``grow``).
     Either is one recovery of the retry budget: at most ``MAX_RECOVERIES`` (default 5) of this job
     within ``RECOVERY_WINDOW_HOURS`` (default 24); then give-up with a message, so a crash loop ends.
 The budget belongs to one job id (one run): a new submission, after a human looked, starts afresh.
@@ -37,6 +45,26 @@ import time
 from pathlib import Path
 
 USER_ERROR = 2  # the trainer's exit code for bad input (config, data, checkpoint of another model)
+
+
+def fewer_nodes(cfg, nodes_up: int, gpus_per_node: int, min_nodes: int) -> tuple[int, int, str]:
+    """(nodes, micro-batch, '') for a run of training config ``cfg`` going on with fewer nodes: the most of
+    ``nodes_up``, at least ``min_nodes``, on which its global batch is kept (tensor-parallel and HSDP groups
+    whole, the batch a whole number of micro-batches per data-parallel rank), with the largest micro-batch
+    up to its own that allows it (a smaller one never needs more memory); (0, 0, why) if there is none."""
+    from training.config import ConfigError  # here: the other commands need nothing but the standard library
+
+    for nodes in range(nodes_up, max(min_nodes, 1) - 1, -1):
+        for micro in range(cfg.train.micro_batch_size, 0, -1):
+            trial = cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch_size": micro})})
+            try:
+                trial.grad_accum_steps(nodes * gpus_per_node)
+            except ConfigError:
+                continue
+            return nodes, micro, ""
+    return 0, 0, (f"the global batch {cfg.train.global_batch_size} divides on none of {max(min_nodes, 1)} to {nodes_up} "
+                  f"nodes of {gpus_per_node} GPUs (train.tensor_parallel {cfg.train.tensor_parallel}, micro-batch "
+                  f"{cfg.train.micro_batch_size} or less)")
 
 
 def _append(log_dir: Path, record: dict) -> None:
@@ -72,10 +100,11 @@ LAUNCH_FAILURES = {126: "command not executable", 127: "command not found"}
 
 def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recoveries: int,
            window_hours: float, max_relaunches: int = 0, nodes_up: int = 0, train_nodes: int = 0,
-           ended_at: float | None = None, now: float | None = None) -> tuple[str, str]:
+           ended_at: float | None = None, now: float | None = None, fewer=None) -> tuple[str, str]:
     """(action, message) for a training step that ended with ``exit_code`` and ``status`` (at ``ended_at``, epoch
     seconds); ``nodes_up`` of the allocation's nodes are healthy and ``train_nodes`` of them would train a
-    relaunched step (0: no relaunch)."""
+    relaunched step (0: no relaunch). ``fewer(nodes_up)``: ``fewer_nodes`` for this run, where it may go on
+    with fewer nodes than ``train_nodes`` (None: it may not); the action is then ``fewer NODES MICRO_BATCH``."""
     now = time.time() if now is None else now
     job = _job()
     record = {"event": "recovery", "time": now, **job, "exit": exit_code, "status": status,
@@ -118,6 +147,19 @@ def decide(log_dir: Path, *, exit_code: int, status: str, reason: str, max_recov
         why_not = f"in-job relaunches spent ({len(relaunched)} of MAX_RELAUNCHES={max_relaunches})"
     elif nodes_up < train_nodes:
         why_not = f"{nodes_up} healthy nodes in the allocation, training needs {train_nodes}"
+        nodes, micro, refused = fewer(nodes_up) if fewer and nodes_up else (0, 0, "")
+        if refused:
+            why_not += f"; not going on with fewer: {refused}"
+        elif nodes:
+            k = len(relaunched) + 1
+            message = (f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; no spare node free: going on "
+                       f"with {nodes} of the {train_nodes} nodes in the same job (relaunch {k} of {max_relaunches}), the "
+                       f"global batch kept (micro-batch {micro}), from the snapshots resharded; all {train_nodes} again "
+                       f"once Slurm has the nodes")
+            _append(log_dir, {**record, "cause": cause, "action": "relaunch", "recovery": n, "relaunch": k,
+                              "nodes_up": nodes_up, "train_nodes": nodes, "fewer_than": train_nodes,
+                              "micro_batch_size": micro})
+            return f"fewer {nodes} {micro}", message
     else:
         k = len(relaunched) + 1
         message = (f"recovery {n} of {max_recoveries} in {window_hours:g} h: {cause}; relaunching in the same job "
@@ -147,7 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     end.add_argument("--nodes-up", type=int, default=0, help="the allocation's healthy nodes (train.sh: up, not suspect)")
     end.add_argument("--train-nodes", type=int, default=0, help="how many of them a relaunched step trains on (0: none)")
     end.add_argument("--ended-at", type=float, help="when the training step ended (epoch seconds), for the event")
-    args = parser.parse_args(argv)
+    end.add_argument("--min-nodes", type=int, default=0,
+                     help="go on with as few as this many nodes when no spare is free (0: never; models.<m>.min_nodes)")
+    end.add_argument("--gpus-per-node", type=int, default=1, help="workers per node (with --min-nodes); after "
+                     "--: the trainer's arguments (--config FILE, --model M, overrides), whose config says on how few "
+                     "nodes the global batch is kept")
+    grow = sub.add_parser("grow", help="log a planned stop that brings a run on fewer nodes back to all of them")
+    grow.add_argument("log_dir", type=Path)
+    grow.add_argument("--nodes", type=int, required=True, help="the nodes it trains on now")
+    grow.add_argument("--full", type=int, required=True, help="the nodes it trains on again after the requeue")
+    argv = sys.argv[1:] if argv is None else argv
+    trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
 
     if args.command == "start":
         launch = {"event": "launch", "time": time.time(), **_job(), "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")}
@@ -156,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.relaunch:
             launch["relaunch"] = args.relaunch
         _append(args.log_dir, launch)
+        return 0
+    if args.command == "grow":
+        _append(args.log_dir, {"event": "recovery", "time": time.time(), **_job(), "cause": "nodes free for the whole "
+                               "allocation again", "action": "grow", "planned": True, "train_nodes": args.nodes,
+                               "full": args.full})
         return 0
     try:
         max_recoveries = int(os.environ.get("MAX_RECOVERIES", 5))
@@ -168,12 +226,32 @@ def main(argv: list[str] | None = None) -> int:
     reason = ""
     if args.reason_file and args.reason_file.exists():
         reason = args.reason_file.read_text().strip()
+    fewer = None
+    if args.min_nodes:
+        def fewer(up: int) -> tuple[int, int, str]:
+            try:
+                cfg = trainer_config(trainer_args)
+            except Exception as exc:  # noqa: BLE001  (a config that does not load: the trainer says so; wait instead)
+                return 0, 0, f"the training config does not load here ({exc})"
+            return fewer_nodes(cfg, up, args.gpus_per_node, args.min_nodes)
     action, message = decide(args.log_dir, exit_code=args.exit_code, status=args.status, reason=reason,
                              max_recoveries=max_recoveries, window_hours=window_hours, max_relaunches=max_relaunches,
-                             nodes_up=args.nodes_up, train_nodes=args.train_nodes, ended_at=args.ended_at)
+                             nodes_up=args.nodes_up, train_nodes=args.train_nodes, ended_at=args.ended_at, fewer=fewer)
     print(message, file=sys.stderr)
     print(action)
     return 0
+
+
+def trainer_config(argv: list[str]):
+    """The training config the trainer builds from these arguments (its --config, --model and overrides)."""
+    from training.config import load_config
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    parser.add_argument("--model", action="append")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_intermixed_args(argv)
+    return load_config(args.config, args.overrides, model=args.model[0] if args.model else None)
 
 
 if __name__ == "__main__":
