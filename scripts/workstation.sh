@@ -20,7 +20,7 @@ need() {  # need TOOL WHY INSTALL: print how to get it
 
 echo "the workstation's tools:"
 if have aws aws --version; then
-  aws --version 2>&1 | grep -q '^aws-cli/2\.' || need "aws (v2)" "found $(aws --version 2>&1 | cut -d' ' -f1), the runbook needs v2" \
+  aws --version 2>&1 | grep '^aws-cli/2\.' >/dev/null || need "aws (v2)" "found $(aws --version 2>&1 | cut -d' ' -f1), the runbook needs v2" \
     "curl -sSo awscliv2.zip https://awscli.amazonaws.com/awscli-exe-linux-x86_64.zip && unzip -q awscliv2.zip && sudo ./aws/install --update"
 else
   need aws "aws s3 cp, aws ssm start-session" \

@@ -56,8 +56,9 @@ import sys
 import time
 from pathlib import Path
 
-import probe_noise  # beside this file: the stand-in runs as a script, its folder first on the path
-from training.resilience.straggler_rule import Figures, Finding, NodeRule, describe, worth_evicting  # torch-free
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_noise.py beside it, run as a script or a module
+import probe_noise  # noqa: E402
+from training.resilience.straggler_rule import Figures, Finding, NodeRule, describe, worth_evicting  # noqa: E402 (torch-free)
 
 GPUS_PER_NODE = 8  # each rank stands for a node of 8 GPUs
 

@@ -102,7 +102,7 @@ def test_boot_plan_holds_the_rendered_actions_and_the_bucket_the_stack_uploads(t
     assert quotas == [["model1", "40862"], ["model2", "57122"]]  # each model's project quota, as the stack ships it
     assert not list(bucket.rglob("__pycache__")) and not list(bucket.rglob("*.pyc"))
     assert (bucket / "jobs" / "models" / "cluster.json").is_file()  # what the bundle's commands read of the settings
-    assert stack_excludes()[1] == ["train_*.sh", "models/*.yaml", "models/cluster.json"]  # read from stacks/cluster_stack.py
+    assert stack_excludes()[1] == ["train_*.sh", "models/*.yaml", "models/*.megatron.args", "models/cluster.json"]  # read from stacks/cluster_stack.py
     assert (tmp_path / "jobs" / "train_model1.sh").is_file()  # dev's model jobs for the checkout
     assert (tmp_path / "jobs" / "models" / "cluster.json").is_file()
 
