@@ -32,6 +32,12 @@ node_modules/.installed: package.json package-lock.json
 .build/pcluster/.installed: $(VENV)/.cdk-installed scripts/install_pcluster_schema.sh
 	scripts/timed.sh "pip: ParallelCluster's config schema, into .build/pcluster" scripts/install_pcluster_schema.sh
 
+# torchao for float8 training, apart from the venv: transformers imports it at every start when installed.
+.build/float8/.installed: $(VENV)/.installed requirements-float8.txt
+	scripts/timed.sh "pip: torchao for float8 (requirements-float8.txt), into .build/float8" \
+	  $(PIP) --no-deps --upgrade --target .build/float8 -r requirements-float8.txt
+	touch $@
+
 # Tools that pin what the CDK app's venv must not have, each in a venv of its own (fully pinned).
 .venv-pcluster/.installed: requirements-pcluster.txt scripts/install_tool_venv.sh
 	scripts/timed.sh "pip: ParallelCluster 3.16.1 for its validators, into .venv-pcluster" scripts/install_tool_venv.sh .venv-pcluster requirements-pcluster.txt
@@ -54,7 +60,7 @@ deps-cdk: $(VENV)/.cdk-installed node_modules/.installed .build/pcluster/.instal
 deps-pcluster: .venv-pcluster/.installed  ## install ParallelCluster 3.16.1's CLI, pcluster, into .venv-pcluster (no root; docs/deploy.md#the-workstation)
 workstation: .venv-pcluster/.installed  ## check the runbook's workstation tools (AWS CLI v2, Session Manager plugin, pcluster, node); prints how to get each missing one
 	scripts/workstation.sh
-deps: deps-cdk $(VENV)/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed .build/container/llm-jobs.sqsh  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages, the jobs' image)
+deps: deps-cdk $(VENV)/.installed .build/float8/.installed .venv-pcluster/.installed .venv-checkov/.installed .build/debian.installed .build/container/llm-jobs.sqsh  ## install everything (adds PyTorch & co., test tools, ParallelCluster and checkov venvs, Debian packages, the jobs' image)
 
 # --- the CDK app -------------------------------------------------------------------------------
 synth: $(VENV)/.cdk-installed node_modules/.installed  ## synthesize every environment offline and lint the templates
@@ -95,7 +101,7 @@ test: deps  ## run every test (the local-cluster tests beside the others: script
 	PY=$(PY) scripts/test_all.sh
 
 # No root: none of the Debian packages, the local cluster, the emulated account or ParallelCluster's venv.
-test-fast: $(VENV)/.installed node_modules/.installed .build/pcluster/.installed  ## the inner loop: every test not marked slurm, slow or root (docs/testing.md)
+test-fast: $(VENV)/.installed .build/float8/.installed node_modules/.installed .build/pcluster/.installed  ## the inner loop: every test not marked slurm, slow or root (docs/testing.md)
 	$(PY) -m pytest -m "not slurm and not slow and not root"
 
 bench: deps  ## run every benchmark; figures in benchmarks/results/*.json

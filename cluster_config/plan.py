@@ -10,7 +10,10 @@ and works out:
 - its MFU, estimated from the layout (``jobs/training/sizing/throughput.py``): the compute at ``plan.mfu`` (the MFU of a
   step whose communication is hidden), plus the recomputation activation checkpointing adds, plus
   the communication that is not hidden (tensor parallel's, on the critical path; data parallel's
-  beyond the compute it overlaps), counted by ``jobs/training/parallel/communication.py``;
+  beyond the compute it overlaps), counted by ``jobs/training/parallel/communication.py``; with ``--measured``
+  (``read_measured``) the compute runs at the recipe's measured speed and the communication keeps its model
+  (``measured_step``); the step table shows per model whether its FSDP/HSDP traffic hides under the compute,
+  and a warning gives the fixes where it does not;
 - days and dollars to finish at that MFU, flagged when later than ``plan.deadline_days``;
 - memory per GPU from the analytic model in ``jobs/training/sizing/memory.py``, against the GPU's memory
   less ``plan.memory_headroom``;
@@ -46,15 +49,17 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from training.sizing.memory import GIB, RunShape, checkpoint_bytes, memory
-from training.sizing.throughput import BUS_EFFICIENCY
+from training.sizing.throughput import BUS_EFFICIENCY, StepEstimate
+from training.resilience.recovery import fewer_nodes
 
 from cluster_config.goodput import (Goodput, HotSpareTrade, Stragglers, goodput, hot_spare_trade, mean_nodes_down,
-                                    p_no_spare, stragglers)
+                                    p_no_spare, straggler_study, stragglers)
+from cluster_config import megatron
 from cluster_config.hardware import Gpu, gpu_of, host_memory_gib
 from cluster_config.model_configs import SNAPSHOT_KEY, architecture, model_config, step_estimate, vocabulary
 from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
@@ -63,6 +68,9 @@ from cluster_config.settings import GoodputSettings, ModelPlan, Settings, Settin
 
 TIB = 2**40
 COMPUTE_OPTIMAL_TOKENS_PER_PARAMETER = 20  # "Training Compute-Optimal Large Language Models" (Chinchilla)
+# GPUs of cluster_config/hardware.py with fp8 tensor cores (compute capability 8.9+), which train.float8 needs
+# (jobs/training/parallel/float8.py refuses the others at start; the plan refuses them at synth).
+FP8_GPUS = ("H100", "H200")
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,9 @@ def read_measured(path: Path) -> Measured:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SettingsError(f"--measured {path}: not an acceptance report.json ({type(exc).__name__}: {exc}); "
                             "pass the report.json that jobs/acceptance.sh wrote") from None
+    if report.get("set"):  # benchmarks.gpu_check --set: the recipes ran with other settings than production's
+        raise SettingsError(f"--measured {path}: its recipes ran with --set {' '.join(report['set'])}, not as the "
+                            "models train; pass a report of the recipes as configured")
     measured = Measured(f"{path} (job {report.get('job', '?')}, verdict {report.get('verdict', '?')})")
     for check in checks:
         match = MEASURED_CHECK.fullmatch(str(check.get("name", "")))
@@ -143,8 +154,10 @@ class ModelRow:
     tokens: float = 0.0
     flops: float = 0.0
     days: float = 0.0
-    mfu: float = 0.0  # estimated (estimate_mfu)
+    mfu: float = 0.0  # estimated (estimate_mfu), its compute scaled by a measured ratio (measured_step)
     step_s: float = 0.0
+    step: StepEstimate | None = None  # where the step's time goes: compute, TP, data-parallel traffic
+    compute_ratio: float = 0.0  # the measured compute speed over the estimate's its compute was scaled by (0: none)
     memory: dict[str, float] = field(default_factory=dict)  # GiB per GPU by category, and "total"
     checkpoint_bytes: float = 0.0
     checkpoints_kept: int = 0  # checkpoint.keep + 1 in flight
@@ -155,6 +168,8 @@ class ModelRow:
     goodput: Goodput | None = None  # failures and what they cost; None without GPU figures (no days)
     stragglers: Stragglers | None = None  # slow nodes and what they cost, unattended and evicted
     hot_spares: int = 0  # the entry's: held in its allocation for recovery inside the job
+    fewer_nodes: int = 0  # with no spare free, the nodes it goes on with (models.<m>.min_nodes; 0: it waits)
+    fewer_nodes_possible: int = 0  # the most nodes below its own on which its global batch divides (0: none)
     snapshot_every: int = 0  # checkpoint.snapshot_every of its training config (0: no snapshots)
     snapshot_interval_s: float = 0.0  # snapshot_every steps at step_s
     snapshot_bytes_per_node: float = 0.0  # one node's shards of the training state (parameters and optimizer)
@@ -356,7 +371,7 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     preset = architecture(settings, model)  # what the trainer builds; SettingsError naming the entry and the fix
     cfg = model_config(settings, model)  # SettingsError naming the entry when it does not validate
     train, ckpt = cfg.train, cfg.checkpoint
-    errors, warnings = [], []
+    errors, warnings = megatron.layout_problems(settings, model), []  # Megatron-LM's rules, for a megatron: entry
     seq_len, steps, batch, micro = cfg.data.seq_len, train.steps, train.global_batch_size, train.micro_batch_size
     vocab = vocabulary(settings, model, cfg)  # the architecture's, the config's, else plan.vocab_size
     tokens = steps * batch * seq_len
@@ -366,17 +381,31 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                dataset=model.dataset, token_bytes=token_bytes(vocab))
     row["save_s"] = row["checkpoint_bytes"] / (ckpt_mb_s * 1e6)
     row["hot_spares"] = model.hot_spares
-    row["snapshot_every"] = ckpt.snapshot_every
+    row["snapshot_every"] = 0 if model.megatron else ckpt.snapshot_every  # Megatron-LM keeps no in-memory snapshots
+    if not model.megatron and model.nodes > 1:  # what the batch script's relaunch on fewer nodes would pick
+        per_node = settings.gpu_queue.gpus_per_instance
+        row["fewer_nodes_possible"] = fewer_nodes(cfg, model.nodes - 1, per_node, 1)[0]
+        row["fewer_nodes"] = fewer_nodes(cfg, model.nodes - 1, per_node, model.min_nodes)[0] if model.min_nodes else 0
+        if model.min_nodes and not row["fewer_nodes"]:
+            warnings.append(f"{name}: min_nodes {model.min_nodes} in {where}, but its global batch divides on none of "
+                            f"{model.min_nodes} to {model.nodes - 1} nodes: a failure with no spare free waits for a "
+                            f"replacement; lower min_nodes to {row['fewer_nodes_possible'] or 'none'} or remove it")
     if gpu is None:
         return ModelRow(**row), errors, warnings
-    step = step_estimate(settings, model, cfg)
-    row["mfu"], row["step_s"] = step.mfu, step.step_s
+    if train.float8 != "off" and gpu.name not in FP8_GPUS:
+        errors.append(f"{name}: train.float8 {train.float8} needs fp8 tensor cores (compute capability 8.9+: "
+                      f"{', '.join(FP8_GPUS)}), and {settings.gpu_queue.instance_type}'s {gpu.name} has none; set "
+                      f"train.float8: off in the overrides of {where}")
     mfu_ratio = measured.mfu_ratio.get(model.recipe_name) if measured else None
-    if mfu_ratio:  # the acceptance run measured this layout: its MFU relative to the same estimate
-        row["mfu"], row["step_s"] = step.mfu * mfu_ratio, step.step_s / mfu_ratio
+    sized = megatron.sizing(settings, model, gpu) if model.megatron else None  # Megatron-LM's layout, not the trainer's
+    step = row["step"] = measured_step(sized.step if sized else step_estimate(settings, model, cfg), mfu_ratio)
+    row["compute_ratio"] = mfu_ratio or 0.0
+    row["mfu"], row["step_s"] = step.mfu, step.step_s
+    if not sized:  # its fixes are the trainer's settings
+        warnings += _overlap_warnings(name, step, train, where, settings.gpu_queue.gpus_per_instance)
     row["days"] = row["step_s"] * steps / 86400
-    row["checkpoint_every_h"] = row["step_s"] * ckpt.every / 3600
-    if ckpt.every_minutes:  # the trainer also saves once this long has passed since the last save
+    row["checkpoint_every_h"] = row["step_s"] * (model.megatron.save_every if model.megatron else ckpt.every) / 3600
+    if ckpt.every_minutes and not model.megatron:  # the trainer also saves once this long has passed since the last save
         row["checkpoint_every_h"] = min(row["checkpoint_every_h"], ckpt.every_minutes / 60)
     row["snapshot_interval_s"] = row["snapshot_every"] * row["step_s"]
     if train.grad_reduce != "every_micro_batch":
@@ -385,7 +414,7 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     run = RunShape(preset, vocab, seq_len, micro, gpus, train.parallelism, train.activation_checkpointing,
                    checkpoint_every=train.activation_checkpointing_every, tensor_parallel=train.tensor_parallel,
                    hsdp_shard_size=train.hsdp_shard_size)
-    per_gpu = memory(run)
+    per_gpu = sized.memory if sized else memory(run)
     row["memory"] = per_gpu.gib()
     per_node = settings.gpu_queue.gpus_per_instance
     row["snapshot_bytes_per_node"] = (per_gpu.parameters + per_gpu.optimizer) * per_node
@@ -401,7 +430,9 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
     if memory_ratio:
         row["memory"] = {key: value * memory_ratio for key, value in row["memory"].items()}
     need = row["memory"]["total"]
-    if need > usable_gib:
+    if need > usable_gib and sized:
+        errors.append(megatron.memory_error(model, need, usable_gib, gpu, where))
+    elif need > usable_gib:
         fixes = [] if train.activation_checkpointing else ["set train.activation_checkpointing: true"]
         if train.activation_checkpointing and train.activation_checkpointing_every > 1:
             fixes.append(f"lower train.activation_checkpointing_every (now {train.activation_checkpointing_every})")
@@ -421,8 +452,11 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                       f"goodput.failures_per_1000_node_days and goodput.recovery_s, or save more often "
                       f"(checkpoint.every_minutes in the overrides of {where})")
         return ModelRow(**row), errors, warnings
-    # The trainer names a straggler after straggler_intervals slow log intervals (training/resilience/stragglers.py).
-    row["stragglers"] = stragglers(good, settings, detect_s=train.straggler_intervals * cfg.log.interval * row["step_s"])
+    # The trainer names a straggler node when its rule (training/resilience/straggler_rule.py) counts it; how
+    # many log intervals that takes, and how often it names a healthy node, the seeded study measured.
+    row["stragglers"] = stragglers(good, settings, interval_s=cfg.log.interval * row["step_s"],
+                                   margin=train.straggler_margin, intervals=train.straggler_intervals,
+                                   window=train.straggler_window)
     deadline = settings.plan.deadline_days
     if deadline and good.days > deadline:
         nodes_needed = math.ceil(base["nodes"] * good.days / deadline)
@@ -433,6 +467,36 @@ def _size_model(base: dict, model: ModelPlan, settings: Settings, gpu: Gpu | Non
                         f"{steps_fit:,} or fewer in {where}, or give it {nodes_needed} nodes")
     warnings += _goodput_warnings(good, steps, where, settings)
     return ModelRow(**row), errors, warnings
+
+
+def measured_step(step: StepEstimate, compute_ratio: float | None) -> StepEstimate:
+    """``step`` with its compute at the measured speed: ``compute_ratio`` is a recipe's measured MFU over the
+    estimate's on one GPU (``benchmarks.gpu_check``: no communication there, so it measures compute alone; an
+    acceptance run's shrunk layouts include theirs, and their ratio is taken for the compute's too).
+    Tensor-parallel and data-parallel traffic keep their own model (``training.parallel.communication``);
+    faster compute hides less of the data-parallel traffic. None: the estimate as it is."""
+    if not compute_ratio:
+        return step
+    faster = StepEstimate(step.compute_s / compute_ratio, step.tensor_parallel_s, step.data_parallel_s, 0.0)
+    return replace(faster, mfu=step.mfu * step.step_s / faster.step_s)  # the same model FLOPs over the new step
+
+
+def _overlap_warnings(name: str, step: StepEstimate, train, where: str, gpus_per_node: int) -> list[str]:
+    """A model whose data-parallel traffic outlasts its compute: FSDP's prefetch no longer hides it."""
+    if step.data_parallel_s <= step.compute_s:
+        return []
+    fixes = []
+    if train.parallelism != "ddp" and train.grad_reduce == "every_micro_batch":
+        fixes.append("train.grad_reduce: last_micro_batch (one reduce-scatter per step; the dry run must show the "
+                     "unsharded fp32 gradients fit)")
+    if train.reduce_dtype == "float32":
+        fixes.append("train.reduce_dtype: bfloat16 (half the reduce-scatter bytes)")
+    fixes.append("a larger train.micro_batch_size (more compute per gathered layer) where memory allows")
+    if train.tensor_parallel < gpus_per_node and train.parallelism != "ddp":
+        fixes.append("a larger train.tensor_parallel (fewer parameter bytes per data-parallel rank)")
+    return [f"{name}: data-parallel traffic {step.data_parallel_s:.1f} s per step exceeds its compute "
+            f"{step.compute_s:.1f} s: {step.exposed_data_parallel_s:.1f} s of it is not hidden; in the overrides of "
+            f"{where}: " + ", or ".join(fixes)]
 
 
 def _host_memory(state_bytes: float, snapshots: bool, cfg, gpus_per_node: int) -> dict[str, float]:
@@ -484,7 +548,9 @@ def _goodput_warnings(good: Goodput, steps: int, where: str, settings: Settings)
             f"{good.expected_failures:.1f} expected failures cost {good.lost_per_failure_s / 3600:.2f} h each "
             f"(requeued: {good.recovery_s / 60:.0f} min to recover, {good.rework_s / 3600:.2f} h of rework, "
             f"{good.replacement_wait_s / 60:.0f} min waiting for a replacement node; {1 - good.p_no_hot_spare:.0%} "
-            f"recovered inside the job in {good.in_job_lost_s / 60:.1f} min); give it hot_spares in {where}, save "
+            f"recovered inside the job in {good.in_job_lost_s / 60:.1f} min"
+            f"{f'; going on with {good.fewer_nodes} nodes: {good.fewer_lost_s / 60:.1f} min' if good.fewer_nodes else ''}"
+            f"); give it hot_spares in {where}, save "
             f"more often (checkpoint.every_minutes in its overrides) or keep gpu_queue.spare_nodes")
     start, end = assume.training_start, settings.gpu_queue.capacity_end
     if start is None or end is None:
@@ -565,9 +631,12 @@ def _one_node_fewer(settings: Settings, model: ModelPlan) -> ModelPlan | None:
     shrunk = model.model_copy(update={"nodes": model.nodes - 1, "global_batch_size": batch,
                                       "steps": math.ceil(model.global_batch_size * model.steps / batch)})
     try:
-        model_config(settings, shrunk)  # the trainer's own checks at the smaller world size (HSDP shards, TP)
+        cfg = model_config(settings, shrunk)  # the trainer's own checks at the smaller world size (HSDP shards, TP)
     except SettingsError:
         return None
+    if model.min_nodes:  # its batch changed: the fewest nodes it goes on with follow
+        fewest = fewer_nodes(cfg, shrunk.nodes - 1, settings.gpu_queue.gpus_per_instance, 1)[0]
+        shrunk = shrunk.model_copy(update={"min_nodes": fewest or None})
     return shrunk
 
 
@@ -619,6 +688,7 @@ def format_plan(plan: Plan) -> str:
         f"  {'total':<8} {'':<11} {plan.nodes:>5} {plan.gpus:>4} {'':>6} {_si(sum(r.tokens for r in plan.rows)):>6} {'':>5} "
         f"{sum(r.flops for r in plan.rows):>7.2g} {'':>4} {plan.days:>5.1f} {plan.cost_per_hour_usd:>8,.0f} "
         f"{plan.cost_to_finish_usd:>11,.0f}")
+    lines += _format_step(plan)
     if plan.gpu and any(r.memory for r in plan.rows):
         lines.append(f"  memory per GPU, GiB (analytic, jobs/training/sizing/memory.py), usable {plan.usable_gib:.0f} of "
                      f"{plan.gpu.memory_gib:.0f}:")
@@ -665,11 +735,30 @@ def format_plan(plan: Plan) -> str:
         ratios = ", ".join(f"{layout}: MFU x {m.mfu_ratio[layout]:.2f}" if layout in m.mfu_ratio else f"{layout}:"
                            for layout in sorted({*m.mfu_ratio, *m.memory_ratio}))
         memory_ratios = ", ".join(f"{layout} memory x {r:.2f}" for layout, r in sorted(m.memory_ratio.items()))
-        lines.append(f"  MEASURED by {m.source}: {ratios}; {memory_ratios}; every model of a measured recipe is "
-                     "scaled by its ratios, the others keep the estimates")
+        lines.append(f"  MEASURED by {m.source}: {ratios}; {memory_ratios}; every model of a measured recipe has its "
+                     "compute scaled by its MFU ratio (communication keeps its own model) and its memory by its memory "
+                     "ratio, the others keep the estimates")
     lines += [f"  ERROR: {e}" for e in plan.errors]
     lines += [f"  WARNING: {w}" for w in plan.warnings]
     return "\n".join(lines)
+
+
+def _format_step(plan: Plan) -> list[str]:
+    """Where each model's step goes: compute (scaled by a measured ratio where one was), tensor-parallel traffic
+    (on the critical path), data-parallel traffic and whether the compute hides it."""
+    rows = [r for r in plan.rows if r.step]
+    if not rows:
+        return []
+    lines = ["  step per GPU, s (jobs/training/sizing/throughput.py; compute x a measured ratio where a report has "
+             "one, communication from its own model): FSDP/HSDP traffic is hidden while it is shorter than the compute",
+             f"  {'model':<8} {'compute':>7} {'basis':>16} {'TP':>6} {'FSDP':>6} {'hidden':>6} {'step':>6}"]
+    for r in rows:
+        s = r.step
+        basis = f"measured x {r.compute_ratio:.2f}" if r.compute_ratio else "estimated"
+        hidden = "yes" if s.data_parallel_s <= s.compute_s else f"-{s.exposed_data_parallel_s:.1f}"
+        lines.append(f"  {r.name:<8} {s.compute_s:>7.2f} {basis:>16} {s.tensor_parallel_s:>6.2f} "
+                     f"{s.data_parallel_s:>6.2f} {hidden:>6} {s.step_s:>6.2f}")
+    return lines
 
 
 def _format_goodput(plan: Plan) -> list[str]:
@@ -680,37 +769,52 @@ def _format_goodput(plan: Plan) -> list[str]:
     lines += [f"  goodput (cluster_config/goodput.py): {a.failures_per_1000_node_days:g} failures per 1,000 node-days. "
               f"A failure with a hot spare free is recovered inside the job from the snapshots: {a.detection_s:.0f} s "
               f"to detect, {a.relaunch_s:.0f} s to relaunch and start, the buddy copy's transfer, half a snapshot "
-              "interval redone (job min); else the job requeues: "
-              f"{a.recovery_s:.0f} s to detect, requeue and restart, the work since the last checkpoint, "
-              f"{a.node_replacement_min:g} min to replace a node (requeue min);",
+              "interval redone (job min); else, where models.<m>.min_nodes allows, it goes on with fewer nodes "
+              "(fewer: the most on which the global batch divides) from the snapshots resharded, slower for the "
+              "replacement's time, then saves and requeues onto the whole allocation (fewer min); else the job "
+              f"requeues: {a.recovery_s:.0f} s to detect, requeue and restart, the work since the last checkpoint, "
+              f"{a.node_replacement_min:g} min to replace a node (requeue min); the minutes per failure count the path the settings choose;",
               f"  {plan.spare_nodes} spare node{'s' if plan.spare_nodes != 1 else ''}: a requeue finds none free "
               f"{_percent(plan.p_no_spare)} of the time ({plan.mean_nodes_down:.3f} nodes down at once on average); "
               "days and $ with the expected failures:",
-              f"  {'model':<8} {'hot':>3} {'fails':>5} {'ckpt h':>6} {'Young h':>7} {'job min':>7} {'requeue min':>11} "
-              f"{'min/fail':>8} {'ETTR':>7} {'days':>5} {'p95 d':>5} {'lost GPU-h':>10} {'lost $':>8}"]
+              f"  {'model':<8} {'hot':>3} {'fails':>5} {'ckpt h':>6} {'Young h':>7} {'job min':>7} {'fewer':>9} "
+              f"{'fewer min':>9} {'requeue min':>11} {'min/fail':>8} {'ETTR':>7} {'days':>5} {'p95 d':>5} "
+              f"{'lost GPU-h':>10} {'lost $':>8}"]
     for r in plan.rows:
         g = r.goodput
         if g is None:
             continue
         job = f"{g.in_job_lost_s / 60:>7.1f}" if g.snapshot_interval_s else f"{'-':>7}"
+        possible = replace(g, fewer_nodes=r.fewer_nodes_possible)
+        fewer = (f"{r.fewer_nodes_possible:>4} of {g.nodes:<2} {possible.fewer_lost_s / 60:>9.1f}"
+                 if r.fewer_nodes_possible else f"{'-':>9} {'-':>9}")
         lines.append(f"  {g.name:<8} {g.hot_spares:>3} {g.expected_failures:>5.2f} {g.checkpoint_interval_s / 3600:>6.1f} "
-                     f"{g.young_interval_s / 3600:>7.1f} {job} {g.requeue_lost_s / 60:>11.1f} "
+                     f"{g.young_interval_s / 3600:>7.1f} {job} {fewer} {g.requeue_lost_s / 60:>11.1f} "
                      f"{g.lost_per_failure_s / 60:>8.1f} {g.ettr:>7.2%} "
                      f"{g.days:>5.1f} {g.days_p95:>5.1f} {g.lost_gpu_hours:>10,.0f} {g.lost_usd:>8,.0f}")
-    lines.append(f"  {'total':<8} {'':>3} {plan.expected_failures:>5.2f} {'':>6} {'':>7} {'':>7} {'':>11} {'':>8} "
+    lines.append(f"  {'total':<8} {'':>3} {plan.expected_failures:>5.2f} {'':>6} {'':>7} {'':>7} {'':>9} {'':>9} {'':>11} {'':>8} "
                  f"{plan.ettr:>7.2%} {plan.goodput_days:>5.1f} {'':>5} {plan.lost_gpu_hours:>10,.0f} {plan.lost_usd:>8,.0f}")
     lines += _format_stress(plan)
     lines += _format_hot_spares(plan)
     slow = [row.stragglers for row in plan.rows if row.stragglers]
     if slow:
+        study = straggler_study()
         lines += [f"  stragglers (slow, not failed): {a.stragglers_per_1000_node_days:g} per 1,000 node-days, each making "
                   f"its model {a.straggler_slowdown:.0%} slower; unattended for up to {a.straggler_unattended_h:g} h, "
-                  "or evicted by the trainer (train.straggler_intervals log intervals, then save, requeue, restart):",
-                  f"  {'model':<8} {'slow':>5} {'detect s':>8} {'lost h unattended':>17} {'lost h evicted':>14} "
-                  f"{'GPU-h saved':>11}"]
+                  "or evicted by the trainer (named, then save, requeue, restart). Detection and false evictions from "
+                  f"the seeded study (python -m benchmarks.straggler_study): a node at the margin named in "
+                  f"{study.detect_intervals:g} log intervals (95th percentile), {study.false_evictions} false "
+                  f"eviction(s) in {study.node_days:,.0f} healthy node-days (95 % bound "
+                  f"{1000 * study.false_bound_per_node_day:.1f} per 1,000 node-days); a model whose rule differs "
+                  "is given its train.straggler_intervals (*). The trainer evicts only while the slowdown until the "
+                  "run's end costs more than the eviction (train.straggler_evict_cost_s, set to 'evict min'):",
+                  f"  {'model':<8} {'slow':>5} {'detect s':>8} {'evict min':>9} {'lost h unattended':>17} "
+                  f"{'lost h evicted':>14} {'GPU-h saved':>11} {'false-eviction bound GPU-h':>26}"]
         for s in slow:
-            lines.append(f"  {s.name:<8} {s.expected:>5.2f} {s.detect_wall_s:>8.0f} {s.lost_h_unattended:>17.2f} "
-                         f"{s.lost_h_evicted:>14.2f} {(s.lost_h_unattended - s.lost_h_evicted) * s.gpus:>11,.0f}")
+            lines.append(f"  {s.name:<8} {s.expected:>5.2f} {s.detect_wall_s:>7.0f}{' ' if s.measured else '*'} "
+                         f"{s.evict_s / 60:>9.1f} {s.lost_h_unattended:>17.2f} {s.lost_h_evicted:>14.2f} "
+                         f"{(s.lost_h_unattended - s.lost_h_evicted) * s.gpus:>11,.0f} "
+                         f"{s.lost_h_false_bound * s.gpus:>26,.0f}")
     start, end = a.training_start, plan.capacity_end
     if start and end:
         late = max(plan.goodputs, key=lambda g: g.days_p95)

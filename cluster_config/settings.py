@@ -618,6 +618,13 @@ class ModelPlan(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _min_nodes(self) -> "ModelPlan":
+        if self.min_nodes is not None and self.min_nodes >= self.nodes:
+            raise ValueError(f"{self.name}: min_nodes {self.min_nodes} must be below its nodes ({self.nodes}): the fewest "
+                             f"nodes it goes on with after losing one; remove it to wait for a replacement instead")
+        return self
+
+    @model_validator(mode="after")
     def _overrides(self) -> "ModelPlan":
         for key in self.overrides:
             entry = overridden(key, tuple(ENTRY_KEYS))

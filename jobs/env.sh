@@ -35,6 +35,9 @@ if [[ -f "$JOBS_VENV/bin/activate" ]]; then
   # shellcheck disable=SC1091
   source "$JOBS_VENV/bin/activate"
 fi
+# torchao for train.float8, apart from the venv (requirements-float8.txt; jobs/training/parallel/float8.py adds
+# it to the path only when float8 is on).
+export FLOAT8_PACKAGES="${FLOAT8_PACKAGES:-/opt/llm-jobs/float8}"
 # The payloads' Python packages live beside this file (JOBS_DIR: the payload's, or this file's folder).
 JOBS_DIR="${JOBS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 export PYTHONPATH="${JOBS_DIR}${PYTHONPATH:+:$PYTHONPATH}"

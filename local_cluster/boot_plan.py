@@ -140,6 +140,7 @@ def write_plan(env: str, s3_root: Path, out: Path, jobs_dir: Path, config_dir: P
         (bundle / path).parent.mkdir(parents=True, exist_ok=True)
         (bundle / path).write_text(text)
     shutil.copy2(REPO / "requirements-jobs.txt", bundle / "requirements-jobs.txt")
+    shutil.copy2(REPO / "requirements-float8.txt", bundle / "requirements-float8.txt")
     configs = replace_prefix(bucket, CONFIG_PREFIX)
     (configs / config_key(settings).removeprefix(CONFIG_PREFIX)).write_text(to_yaml(config))
     (configs / models_key(settings).removeprefix(CONFIG_PREFIX)).write_text(models_file(settings))

@@ -218,6 +218,27 @@ EOF_SCRIPTS
   echo "$stamp" >"$venv/.requirements.sha256"
 }
 
+build_float8_packages() {
+  # torchao for train.float8, in a folder of its own: transformers imports torchao wherever it is installed,
+  # seconds at every process start, so the venv goes without it and the trainer adds this folder to its path
+  # only when float8 is on (jobs/training/parallel/float8.py, FLOAT8_PACKAGES in jobs/env.sh).
+  local requirements="$JOBS_HOME/bundle/jobs/requirements-float8.txt" target="$JOBS_HOME/float8" stamp
+  if [[ -n "$JOBS_VENV_SITE_PACKAGES" ]]; then
+    log "float8 packages: not installed (JOBS_VENV_SITE_PACKAGES stands in for PyPI; no GPU takes float8 here)"
+    return
+  fi
+  [[ -f "$requirements" ]] || die "the jobs bundle has no requirements-float8.txt; redeploy the cluster stack"
+  stamp="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ -f "$target/.requirements.sha256" && "$(cat "$target/.requirements.sha256")" == "$stamp" ]]; then
+    log "float8 packages in $target are up to date"
+    return
+  fi
+  "$JOBS_HOME/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+    --target "$target" -r "$requirements"
+  echo "$stamp" >"$target/.requirements.sha256"
+  log "float8 packages in $target from $requirements"
+}
+
 write_cluster_env() {
   local checkpoint_uri="$1" data_uri="$2"
   # Tools the jobs build once for every node (jobs/nccl_tests.sh builds nccl-tests here): this volume
@@ -552,6 +573,7 @@ main() {
   if [[ "$NODE_TYPE" == HeadNode ]]; then
     timed "jobs bundle" sync_jobs_bundle "$jobs_uri"
     timed "jobs venv" build_jobs_venv
+    timed "float8 packages" build_float8_packages
     write_cluster_env "$checkpoint_uri" "$data_uri"
     timed "health hooks" install_health_hooks "$jobs_uri"
     [[ -z "$models_uri" ]] || timed "Slurm accounts" install_accounts "$jobs_uri" "$listed" "$OWNER"

@@ -131,6 +131,8 @@ class ClusterStack(cdk.Stack):
                 *(s3deploy.Source.data(path, text) for path, text in job_files(settings).items()),
                 # The head node builds the jobs' venv from it (node_scripts/directory_setup.sh).
                 s3deploy.Source.data("requirements-jobs.txt", (REPO_ROOT / "requirements-jobs.txt").read_text()),
+                # torchao for train.float8, installed apart from the venv (directory_setup.sh).
+                s3deploy.Source.data("requirements-float8.txt", (REPO_ROOT / "requirements-float8.txt").read_text()),
             ],
             destination_bucket=bucket,
             destination_key_prefix=JOBS_PREFIX,

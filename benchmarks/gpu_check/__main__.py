@@ -20,8 +20,11 @@ that no longer fits in what is left of ``--budget-s`` is skipped and says so:
                 the real ``train.build`` and train step, bf16, compile, recomputation, GQA): peak memory
                 against the dry run of the same config, MFU against the planner's, first-step compile
   rank0:MODEL   rank 0 of the tensor-parallel model's real layout (e.g. FSDP 34 x TP 8) on the fake
-                process group with real device tensors at 4 and 8 layers: this rank's memory against the
-                dry run (slope per layer, extrapolated to the full depth), compute MFU, first-eval recompile
+                process group with real device tensors at 4, 8 and all its layers: this rank's memory against
+                the dry run of this torch release (slope per layer, extrapolated to the full depth beside the
+                full depth measured), compute MFU, first-eval recompile
+  lever:R:L     each lever (benchmarks/gpu_check/levers.py) on recipe R's 2-layer run against its bf16 run:
+                MFU, peak memory, and float8's losses over 50 steps; after the others, or alone (--only lever)
 
 Writes ``--out`` (JSON, default benchmarks/results/gpu_check.json) and prints a short table. Exit 0 when
 every stage that ran finished (figures are reported, not judged here: docs/acceptance.md says what each
@@ -47,6 +50,7 @@ sys.path.insert(0, str(REPO / "jobs"))
 from cli import ArgumentParser  # noqa: E402
 
 ENV = "prod"  # the production recipes: their configs as the jobs bundle of this environment has them
+FLOAT8_PACKAGES = REPO / ".build/float8"  # torchao, apart from the venv (requirements-float8.txt)
 
 
 def production_jobs(jobs_dir: Path | None, work: Path) -> Path:
@@ -80,6 +84,10 @@ def plan(jobs_dir: Path, cpu: bool) -> list[dict]:
                   "attention_shapes": [{"preset": "tiny", "seq_len": 128}] if cpu else shapes}},
         {"name": "resume", "stage": "resume", "limit_s": 120, "args": {"timeout_s": 300, "steps": 8}},
     ]
+    if not cpu:  # Megatron-LM trains on CUDA only; its data and arguments are tested on CPU (tests/megatron)
+        megatron_dir = os.environ.get("MEGATRON_LM_DIR", "/workspace/Megatron-LM")  # the image's
+        stages.append({"name": "megatron_gpt", "stage": "megatron_gpt", "limit_s": 420,
+                       "args": {"megatron_dir": megatron_dir, "iterations": 60, "save_at": 50, "timeout_s": 200}})
     recipe_stages = []
     for preset, (model, raw) in by_size:
         # The production step's micro-batches (its accumulation) on the one GPU: the optimizer's share of a
@@ -89,6 +97,7 @@ def plan(jobs_dir: Path, cpu: bool) -> list[dict]:
                                                   // t.get("tensor_parallel", 1))
         args = {"config": str(cluster.models[model].config), "name": preset, "jobs_dir": str(jobs_dir),
                 "steps": 8, "warmup": 3, "compile_steps": 3, "accumulation": accumulation,
+                "micro_batch_size": t["micro_batch_size"],
                 "overrides": [f"train.global_batch_size={t['micro_batch_size'] * accumulation}"]}
         if cpu:
             args.update(steps=4, warmup=1, preset="tiny", compile_check=False,
@@ -97,18 +106,23 @@ def plan(jobs_dir: Path, cpu: bool) -> list[dict]:
                               "model": model})
     world = cluster.models[tp_model].world_size
     dp = world // tp_raw["train"].get("tensor_parallel", 1)
-    rank0 = {"config": str(cluster.models[tp_model].config), "world_size": world, "layers": [4, 8], "steps": 3,
-             "full_layers": _layers(tp_raw["model"]["preset"]),
+    full = _layers(tp_raw["model"]["preset"])
+    # The full depth too: 80 layers of model7's rank 0 fit one H200 (~64 GiB extrapolated); the dry run predicts
+    # the shallow ones (at 80 layers its trace would take minutes of CPU) and the slope extends it.
+    rank0 = {"config": str(cluster.models[tp_model].config), "world_size": world, "layers": [4, 8, full],
+             "predict_layers": [4, 8], "steps": 3, "full_layers": full,
              # two micro-batches per step (the measured step holds the first one's gradient shards)
              "overrides": ["model.vocab_size=32000", f"train.global_batch_size={2 * micro * dp}"]}
     if cpu:
-        rank0.update(layers=[1, 2], steps=2, overrides=["model.vocab_size=32000", "model.preset=small", "data.seq_len=64",
-                                                        "train.micro_batch_size=1", f"train.global_batch_size={2 * dp}"])
-    # The largest recipe first, then the production layout's rank 0, then the other recipes while time lasts.
+        rank0.update(layers=[1, 2], predict_layers=[1, 2], steps=2,
+                     overrides=["model.vocab_size=32000", "model.preset=small", "data.seq_len=64",
+                                "train.micro_batch_size=1", f"train.global_batch_size={2 * dp}"])
+    # The largest recipe first, then the production layout's rank 0, then the other recipes while time lasts,
+    # then the levers (benchmarks/gpu_check/levers.py; their own call: --only lever).
     stages += [recipe_stages[0],
-               {"name": f"rank0:{tp_model}", "stage": "layout_rank0", "limit_s": 180, "args": rank0}]
+               {"name": f"rank0:{tp_model}", "stage": "layout_rank0", "limit_s": 120 if cpu else 300, "args": rank0}]
     stages += recipe_stages[1:2] if cpu else recipe_stages[1:]  # CPU: two recipes prove the loop
-    return stages
+    return stages + lever_stages(recipe_stages, cpu)
 
 
 def _parameters(preset: str) -> int:
@@ -116,6 +130,25 @@ def _parameters(preset: str) -> int:
 
     arch = resolve(preset)
     return arch.parameters(arch.vocab or 32000)
+
+
+def lever_stages(recipe_stages: list[dict], cpu: bool) -> list[dict]:
+    """Each lever on and off (``benchmarks.gpu_check.levers.LEVERS``) on the recipes' 2-layer runs, from the same
+    init and on the same data: every recipe bf16 against float8, the largest recipe each lever."""
+    from benchmarks.gpu_check.levers import cpu_levers, levers_for
+
+    stages = []
+    for rank, recipe in enumerate(recipe_stages[:1] if cpu else recipe_stages):
+        preset = recipe["name"].split(":", 1)[1]
+        for lever in (cpu_levers() if cpu else levers_for(largest=rank == 0)):
+            # One micro-batch per step (the recipe stage measures the production accumulation): the runs are
+            # compared with each other, and 50 steps of the 70B's accumulation would not fit the budget.
+            one = [] if cpu else [f"train.global_batch_size={recipe['args']['micro_batch_size']}"]
+            args = {**recipe["args"], **lever.run(cpu), "name": f"{preset}-{lever.slug}",
+                    "overrides": [*recipe["args"]["overrides"], *one, *lever.overrides(cpu)], "env": lever.env}
+            stages.append({"name": f"lever:{preset}:{lever.name}", "stage": "recipe", "limit_s": lever.limit_s,
+                           "args": args, "model": recipe["model"]})
+    return stages
 
 
 def _layers(preset: str) -> int:
@@ -161,7 +194,10 @@ def run_stage(stage: dict, work: Path, cpu: bool, limit_s: float) -> dict:
     folder = work / stage["name"].replace(":", "_")
     folder.mkdir(parents=True, exist_ok=True)
     result = folder / "result.json"
-    path = os.pathsep.join(filter(None, [str(REPO / "jobs"), str(REPO), os.environ.get("PYTHONPATH")]))
+    # torchao for the float8 stages, where make deps put it (requirements-float8.txt): last, after the caller's.
+    # Not on a CPU, which refuses float8 anyway: transformers would import it at every start of every stage.
+    float8 = str(FLOAT8_PACKAGES) if FLOAT8_PACKAGES.is_dir() and not cpu else None
+    path = os.pathsep.join(filter(None, [str(REPO / "jobs"), str(REPO), os.environ.get("PYTHONPATH"), float8]))
     env = {**os.environ, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -223,7 +259,7 @@ def summary(name: str, r: dict) -> str:
         return (f"steps {r['steps_compared']}: data order {'same' if r['same_data_order'] else 'DIFFERENT'}, "
                 f"losses {'bitwise equal' if r['bitwise_equal'] else 'max rel. diff %.2g' % r['max_relative_difference']}"
                 f" (deterministic: {r['deterministic']}, {r['stager']})")
-    if name.startswith("recipe:"):
+    if name.startswith(("recipe:", "lever:")):
         parts = [r.get("layout", "")]
         if r.get("peak_memory_gib") is not None:
             parts.append(f"peak {r['peak_memory_gib']:.1f} GiB vs dry run {r.get('predicted_memory_gib') or 0:.1f}")
@@ -235,9 +271,11 @@ def summary(name: str, r: dict) -> str:
             parts.append(r["error"][:100])
         return "; ".join(parts)
     rows = "; ".join(f"{row['layers']} layers: " + (row["error"][:80] if "error" in row else
-                     f"{row.get('peak_memory_gib', float('nan')):.1f} GiB vs {row['predicted_memory_gib']:.1f}, "
-                     f"eval recompile {row['first_eval_s'] - row['second_eval_s']:.0f} s") for row in r["rows"])
-    return f"{r.get('layout')}: {rows}"
+                     f"{row.get('peak_memory_gib', float('nan')):.1f} GiB"
+                     + (f" vs {row['predicted_memory_gib']:.1f}" if row.get("predicted_memory_gib") else "")
+                     + f", eval recompile {row['first_eval_s'] - row['second_eval_s']:.0f} s") for row in r["rows"])
+    torch_note = f" (dry run on torch {r['predicted_torch']})" if r.get("predicted_torch") else ""
+    return f"{r.get('layout')}: {rows}{torch_note}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         for stage in stages:
             if stage["stage"] in ("recipe", "layout_rank0"):
                 stage["args"]["overrides"] = [*stage["args"].get("overrides", []), *args.set]
-            if stage["stage"] == "recipe" and (args.dry or gpu):
+            if stage["name"].startswith("recipe:") and (args.dry or gpu):  # lever stages: the recipe's micro-batch
                 fit_micro_batch(stage, gpu_gib)
         if args.dry:
             print(f"plan ({'CPU' if args.cpu else f'a {gpu_gib:.0f} GiB GPU'}, budget {args.budget_s:.0f} s):")
@@ -310,8 +348,11 @@ def combine(reports: list[dict]) -> dict:
 
 def write_report(report: dict, out: Path) -> int:
     """The report with its checks (what plan --measured reads), as JSON and a table; 1 if a stage failed."""
+    from benchmarks.gpu_check.levers import lever_comparisons
+
     results = report["stages"]
     report["checks"] = recipe_checks(results)
+    report["levers"] = lever_comparisons(results)  # reported, never read by plan --measured: prod's defaults follow them
     report["job"] = f"GPU proof on {report['versions']['device']}"
     report["verdict"] = "measured" if report["checks"] else "no recipe measured"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -323,6 +364,8 @@ def write_report(report: dict, out: Path) -> int:
         print(f"| {name} | {r['status']} | {r.get('seconds', '')} | {summary(name.split(' [')[0], r)} |")
     for check in report["checks"]:
         print(f"  {check['status']:<5} {check['name']}: {check['measured']} (expected {check['expected']})")
+    for lever in report["levers"]:
+        print(f"  lever {lever['recipe']} {lever['lever']}: {lever['summary']}")
     print(f"wrote {out}")
     return 0 if all(r["status"] in ("done", "skipped") for r in results.values()) else 1
 

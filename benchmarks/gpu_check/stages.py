@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -349,7 +350,8 @@ def recipe(args: dict) -> dict:
            "--steps", str(args["steps"]), "--warmup", str(args["warmup"]), "--compile-steps", str(args["compile_steps"]),
            "--out", str(folder), *(["--preset", args["preset"]] if args.get("preset") else []),
            *([] if args.get("compile_check", True) else ["--no-compile-check"]), *args.get("overrides", [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "JOBS_DIR": args["jobs_dir"]})
+    env = {**os.environ, "JOBS_DIR": args["jobs_dir"], **args.get("env", {})}  # a lever's allocator setting
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     path = folder / f"{args['name']}.json"
     if not path.exists():
         raise RuntimeError(f"layout check wrote no result (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -436,16 +438,20 @@ def layout_rank0(args: dict) -> dict:
         gc.collect()
         if gpu:
             torch.cuda.empty_cache()
-        predicted = predicted_memory(cfg, layers, world, gpu_gib)
-        gib = {k: v / GIB for k, v in predicted["categories"].items()}
-        row["predicted_memory_gib"] = sum(gib.values()) - gib.get("runtime", 0.0)
-        row["predicted_layout"] = predicted["layout"]
+        if layers in args.get("predict_layers", args["layers"]):
+            predicted = predicted_memory(cfg, layers, world, gpu_gib)
+            gib = {k: v / GIB for k, v in predicted["categories"].items()}
+            row["predicted_memory_gib"] = sum(gib.values()) - gib.get("runtime", 0.0)
+            row["predicted_layout"] = predicted["layout"]
         rows.append(row)
     dist.destroy_process_group()
+    # The dry run traces with this process's torch: the prediction is that release's, and the jobs pin another
+    # one (requirements-jobs.txt); it differs between releases (docs/acceptance.md), so the report names both.
     out = {"layout": rows[0].get("predicted_layout"), "world_size": world, "preset": cfg.model.preset,
            "micro_batch_size": cfg.train.micro_batch_size, "seq_len": cfg.data.seq_len, "rows": rows,
-           "compile": cfg.train.compile if cfg.train.compile is not None else gpu}
-    ok = [r for r in rows if "peak_memory_gib" in r]
+           "compile": cfg.train.compile if cfg.train.compile is not None else gpu,
+           "predicted_torch": torch.__version__, "jobs_torch": jobs_torch()}
+    ok = [r for r in rows if "peak_memory_gib" in r and "predicted_memory_gib" in r]
     if len(ok) >= 2:
         a, b = ok[0], ok[-1]
         span = b["layers"] - a["layers"]
@@ -456,10 +462,92 @@ def layout_rank0(args: dict) -> dict:
         out[f"extrapolated_to_{full}_layers_gib"] = {
             "measured": b["peak_memory_gib"] + (full - b["layers"]) * measured,
             "predicted": b["predicted_memory_gib"] + (full - b["layers"]) * predicted}
+        deepest = next((r for r in rows if r["layers"] == full and "peak_memory_gib" in r), None)
+        if deepest:  # the full depth itself, measured on the device
+            out[f"measured_at_{full}_layers_gib"] = deepest["peak_memory_gib"]
     return out
 
 
-STAGES = {"environment": environment, "resume": resume, "recipe": recipe, "layout_rank0": layout_rank0}
+def jobs_torch() -> str | None:
+    """The torch release the jobs pin (requirements-jobs.txt)."""
+    for line in (REPO / "requirements-jobs.txt").read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split("==", 1)[1].strip()
+    return None
+
+
+# --- Megatron-LM: a tiny GPT on one GPU, saved and resumed -----------------------------------------
+
+MEGATRON_LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?lm loss: ([0-9.Ee+-]+)")
+
+
+def megatron_arguments(args: dict, data: dict, tokenizer: Path, checkpoints: Path, iterations: int) -> list[str]:
+    """pretrain_gpt.py's arguments for the stage's tiny GPT (TP 1, PP 1): the shape of jobs/megatron_lm's runs
+    (Llama's decoder, bf16, the distributed optimizer) at tiny widths, without Apex or Transformer Engine."""
+    return [
+        "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4", "--ffn-hidden-size", "352",
+        "--seq-length", "64", "--max-position-embeddings", "64", "--position-embedding-type", "rope",
+        "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        "--attention-dropout", "0", "--hidden-dropout", "0", "--transformer-impl", "local",
+        "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
+        "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+        "--micro-batch-size", "8", "--global-batch-size", "16", "--bf16", "--use-distributed-optimizer",
+        "--train-iters", str(iterations), "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
+        "--lr-warmup-iters", "5", "--lr-decay-iters", str(args["iterations"]), "--weight-decay", "0.1",
+        "--clip-grad", "1.0", "--seed", "1234", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "0",
+        "--save-interval", str(args["save_at"]), "--ckpt-format", "torch_dist", "--exit-signal-handler",
+        "--save", str(checkpoints), "--load", str(checkpoints), "--data-cache-path", str(checkpoints / "data_cache"),
+        "--train-data-path", str(data["train"]), "--valid-data-path", str(data["valid"]),
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer), "--num-workers", "0",
+        *args.get("extra", []),
+    ]
+
+
+def megatron_gpt(args: dict) -> dict:
+    """Megatron-LM's pretrain_gpt.py on one GPU: the sample corpus tokenized and preprocessed as a Megatron
+    model's job does (jobs/megatron_lm/preprocess.py), ``save_at`` iterations with a checkpoint, then the
+    rest resumed from it, as a requeued job does. The loss must fall and the resumed run start where it was."""
+    from data_pipeline.sample_data import make_sample
+    from data_pipeline.tokenize import tokenize_files
+    from megatron_lm.preprocess import preprocess, prefixes
+    from megatron_lm.status import checkpointed_iteration
+
+    megatron_dir = Path(args["megatron_dir"])
+    if not on_gpu(args) or not (megatron_dir / "pretrain_gpt.py").is_file():
+        why = ("Megatron-LM trains on CUDA only" if not on_gpu(args)
+               else f"no Megatron-LM checkout at {megatron_dir} (set MEGATRON_LM_DIR)")
+        return {"loss_falls": None, "resumed_at": None, "not_measured": {"megatron_gpt": why}}
+    work = Path(args["work"])
+    files, tokenizer = make_sample(work / "sample", num_files=2, total_bytes=400_000)
+    dataset = tokenize_files(files, tokenizer, work / "tokenized", 64, val_fraction=0.05)
+    preprocess(dataset.path)
+    checkpoints = work / "checkpoints"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+           "PYTHONPATH": str(megatron_dir)}
+    runs = {}
+    for name, iterations in (("first", args["save_at"]), ("resumed", args["iterations"])):
+        start = time.perf_counter()
+        run = subprocess.run([sys.executable, str(megatron_dir / "pretrain_gpt.py"),
+                              *megatron_arguments(args, prefixes(dataset.path), tokenizer, checkpoints, iterations)],
+                             cwd=megatron_dir, env=env, capture_output=True, text=True, timeout=args["timeout_s"])
+        (work / f"{name}.log").write_text(run.stdout + run.stderr)
+        losses = {int(i): float(v) for i, v in MEGATRON_LOSS.findall(run.stdout + run.stderr)}
+        runs[name] = {"exit": run.returncode, "seconds": round(time.perf_counter() - start, 1), "losses": losses,
+                      "checkpointed_iteration": checkpointed_iteration(checkpoints),
+                      "tail": (run.stdout + run.stderr)[-1500:] if run.returncode else ""}
+    first, resumed = runs["first"]["losses"], runs["resumed"]["losses"]
+    early = [first[i] for i in sorted(first)[:5]]
+    late = [first[i] for i in sorted(first)[-5:]]
+    return {"runs": runs, "iterations_first": len(first), "resumed_at": min(resumed, default=None),
+            "loss_first_5": early, "loss_last_5": late,
+            "loss_falls": bool(early and late and statistics.mean(late) < 0.8 * statistics.mean(early)),
+            "resumed_from_checkpoint": runs["first"]["checkpointed_iteration"] == args["save_at"]
+            and min(resumed, default=0) == args["save_at"] + 1
+            and runs["resumed"]["checkpointed_iteration"] == args["iterations"]}
+
+
+STAGES = {"environment": environment, "resume": resume, "recipe": recipe, "layout_rank0": layout_rank0,
+          "megatron_gpt": megatron_gpt}
 
 
 def main(argv: list[str] | None = None) -> int:

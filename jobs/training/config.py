@@ -115,6 +115,8 @@ class OptimConfig(_Section):
     beta1: float = Field(0.9, description="AdamW beta1")
     beta2: float = Field(0.95, description="AdamW beta2")
     grad_clip: float = Field(1.0, ge=0, description="gradient-norm clip")
+    fused: bool = Field(False, description="AdamW's fused CUDA kernel (one launch for every parameter) instead of "
+                        "its foreach kernels; ignored on CPU, with a log line")
 
 
 class TrainConfig(_Section):
@@ -129,6 +131,16 @@ class TrainConfig(_Section):
     grad_reduce: Literal["every_micro_batch", "last_micro_batch"] = Field(
         "every_micro_batch", description="fsdp/hsdp: reduce-scatter gradients after every micro-batch, or keep "
         "unsharded fp32 gradients (4 B x parameters per GPU) and reduce once per step; ddp always reduces once")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="fsdp/hsdp on GPU: the dtype gradients are reduce-scattered (and HSDP all-reduced) in; "
+        "bfloat16 halves those bytes and sums in bf16 (fp32 keeps every rank's full precision)")
+    float8: Literal["off", "tensorwise", "rowwise"] = Field(
+        "off", description="torchao's float8 linear layers for the decoder layers' projections "
+        "(training/parallel/float8.py): tensorwise scaling also all-gathers FSDP's weights in float8; rowwise "
+        "scales each row (closer to bf16, slower). The output head, the embeddings and small layers stay bf16. "
+        "Needs a GPU with fp8 (compute capability 8.9+: H100, H200) and torchao")
+    loss_chunks: int = Field(1, gt=0, description="cross-entropy over this many slices of the sequence, each "
+                             "recomputed in backward: no fp32 copy of the whole micro-batch's logits (1: one piece)")
     activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
     activation_checkpointing_every: int = Field(
         1, gt=0, description="with activation_checkpointing: only every n-th decoder layer (1: all; 4: layers 0, 4, "
@@ -226,6 +238,12 @@ class Config(_Section):
                 f"train.micro_batch_size {self.train.micro_batch_size}"
             )
         tp = self.train.tensor_parallel
+        if self.train.reduce_dtype == "bfloat16" and self.train.parallelism == "ddp":
+            raise ValueError("train.reduce_dtype bfloat16 is FSDP's mixed-precision reduce; with train.parallelism "
+                             "ddp set train.reduce_dtype: float32, or use fsdp or hsdp")
+        if self.train.float8 != "off" and self.train.parallelism == "ddp":
+            raise ValueError(f"train.float8 {self.train.float8} is wired for FSDP2 (its float8 all-gather); use "
+                             f"train.parallelism fsdp or hsdp, or train.float8: off")
         if self.train.async_tp and tp == 1:
             raise ValueError("train.async_tp overlaps tensor-parallel communication: set train.tensor_parallel > 1 "
                              "or train.async_tp: false")
@@ -246,6 +264,10 @@ class Config(_Section):
             if self.train.async_tp and self.train.compile is False:
                 raise ValueError("train.async_tp needs train.compile (the overlap is a compiler pass); remove "
                                  "train.compile: false or set train.async_tp: false")
+            if self.train.loss_chunks > 1:
+                raise ValueError(f"train.loss_chunks {self.train.loss_chunks} with train.tensor_parallel {tp}: the "
+                                 f"loss already runs on vocabulary shards (loss_parallel), no rank holds whole "
+                                 f"logits; set train.loss_chunks: 1")
             if self.data.seq_len % tp:  # sequence parallelism splits every sequence over the tensor-parallel ranks
                 raise ValueError(f"train.tensor_parallel {tp} does not divide data.seq_len {self.data.seq_len}; "
                                  f"use a seq_len that is a multiple of it")

@@ -195,7 +195,7 @@ def dry_run(cfg: Config, world_size: int, *, gpu_memory_gib: float = 141.0, voca
                     labels = torch.randint(0, vocab_size, shape)
                     with (distributed.gradient_sync(model, m == micro - 1, cfg.train.grad_reduce),
                           distributed.loss_parallel(cfg.train)):
-                        (compute_loss(model, inputs, labels) / accum).backward()
+                        (compute_loss(model, inputs, labels, chunks=cfg.train.loss_chunks) / accum).backward()
                     tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak stays
                 distributed.clip_grad_norm(model, cfg.optim.grad_clip)
                 optimizer.step()

@@ -373,7 +373,7 @@ class Trainer:
         labels = batch["labels"].to(self.d.device, non_blocking=True)
         with (distributed.gradient_sync(self.model, sync_grads, self.cfg.train.grad_reduce),
               distributed.autocast(self.d, self.cfg.train.parallelism), distributed.loss_parallel(self.cfg.train)):
-            loss = compute_loss(self.model, inputs, labels) / self.accum
+            loss = compute_loss(self.model, inputs, labels, chunks=self.cfg.train.loss_chunks) / self.accum
             loss.backward()
         return loss.detach()
 

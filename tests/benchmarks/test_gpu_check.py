@@ -59,6 +59,47 @@ def test_recipe_and_rank0_run_the_real_step_and_the_dry_run(cpu_report):
     for row in rank0["rows"]:
         assert "error" not in row, row
         assert row["steady_step_s"] > 0 and row["first_eval_s"] > 0 and row["predicted_memory_gib"] > 0
+    # The dry run's prediction is this process's torch release, named beside the one the jobs pin.
+    assert rank0["predicted_torch"].startswith("2.13.0") and rank0["jobs_torch"] == "2.13.0"
+
+
+def test_the_gpu_plan_runs_every_lever_on_the_largest_recipe_and_float8_on_every_recipe(tmp_path):
+    from benchmarks.gpu_check.__main__ import lever_stages
+    from benchmarks.gpu_check.levers import LEVERS
+
+    recipes = [{"name": f"recipe:{preset}", "model": model, "args": {"overrides": ["train.global_batch_size=32"],
+                                                                      "micro_batch_size": 4, "config": "c.yaml"}}
+               for preset, model in (("llama2-70b", "model7"), ("18.4b", "model5"), ("llama2-7b", "model1"))]
+    stages = lever_stages(recipes, cpu=False)
+    names = [s["name"] for s in stages]
+    assert names[:len(LEVERS)] == [f"lever:llama2-70b:{lever.name}" for lever in LEVERS]
+    assert names[len(LEVERS):] == ["lever:18.4b:bf16", "lever:18.4b:float8=tensorwise", "lever:llama2-7b:bf16",
+                                   "lever:llama2-7b:float8=tensorwise"]
+    float8 = next(s for s in stages if s["name"] == "lever:18.4b:float8=tensorwise")["args"]
+    # one micro-batch per step after the recipe's production batch, then the lever; 50 steps for the losses
+    assert float8["overrides"] == ["train.global_batch_size=32", "train.global_batch_size=4", "train.float8=tensorwise"]
+    assert float8["steps"] >= 50 and float8["compile_check"] is False
+    alloc = next(s for s in stages if s["name"] == "lever:llama2-70b:expandable_segments")["args"]
+    assert alloc["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_float8_is_judged_by_its_losses_against_bf16_on_the_same_steps():
+    from benchmarks.gpu_check.levers import LOSS_STEPS, lever_comparisons
+
+    bf16 = [10.0 - 0.1 * i for i in range(LOSS_STEPS)]
+    done = {"status": "done", "peak_memory_gib": 40.0, "peak_reserved_gib": 48.0}
+    results = {"lever:x:bf16": {**done, "mfu": 0.50, "losses": bf16},
+               "lever:x:float8=tensorwise": {**done, "mfu": 0.60, "peak_memory_gib": 36.0,
+                                             "losses": [b * 1.01 for b in bf16]},
+               "lever:x:float8=rowwise": {**done, "mfu": 0.55, "losses": [b + 0.5 for b in bf16]},
+               "lever:x:fused_adamw": {**done, "mfu": 0.51}}
+    rows = {row["lever"]: row for row in lever_comparisons(results)}
+    assert rows["float8=tensorwise"]["losses_agree"] and rows["float8=tensorwise"]["mfu_ratio"] == pytest.approx(1.2)
+    assert rows["float8=tensorwise"]["peak_memory_gib_ratio"] == pytest.approx(0.9)
+    assert rows["float8=rowwise"]["losses_agree"] is False and "DIFFER" in rows["float8=rowwise"]["summary"]
+    assert "losses_agree" not in rows["fused_adamw"] and rows["fused_adamw"]["mfu_ratio"] == pytest.approx(1.02)
+    short = {**results, "lever:x:float8=tensorwise": {**done, "mfu": 0.6, "losses": bf16[:10]}}
+    assert next(r for r in lever_comparisons(short) if r["lever"] == "float8=tensorwise")["losses_agree"] is None
 
 
 def test_dry_invocation_prints_the_stages_and_their_predicted_memory():

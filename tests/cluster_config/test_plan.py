@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,8 @@ from training.models.presets import ARCHITECTURES, PRESETS, resolve
 from training.sizing.throughput import estimate_mfu
 from cluster_config.settings import CONFIG_DIR, Settings, SettingsError, load_settings
 from stacks.app import settings_for
+
+H200_REPORT = CONFIG_DIR.parent / "benchmarks/results/gpu_check_H200/report.json"  # one H200's proof, committed
 
 
 def prod_raw() -> dict:
@@ -127,7 +130,8 @@ def test_flops_agree_with_6nd_for_the_issue_example(tmp_path, write_env):
     """The old model7 (100,000 steps x 1,120 x 4,096 tokens, 14 nodes): ~1.9e23 FLOPs, ~50 days at 40 % MFU,
     longer at the MFU its tensor-parallel layout reaches."""
     raw = prod_raw()
-    models = [{**raw["models"][6], "nodes": 14, "steps": 100000, "global_batch_size": 1120}]
+    models = [{**{k: v for k, v in raw["models"][6].items() if k != "min_nodes"}, "nodes": 14, "steps": 100000,
+               "global_batch_size": 1120}]
     row = build_plan(load_settings("prod", write_env(tmp_path, "prod", models=models))).rows[0]
     assert row.tokens == 100000 * 1120 * 4096
     six_nd = 6 * row.parameters * row.tokens  # the rule of thumb, without attention
@@ -222,8 +226,9 @@ def test_a_late_model_is_flagged_with_steps_or_nodes_that_would_make_it(tmp_path
     assert plan.errors == ()
     model7 = next(w for w in late if w.startswith("model7"))
     assert "lower steps to 36," in model7 and "in cluster_config/prod.yaml models: model7" in model7
-    # 13.66 days at 31 % MFU without failures, 13.73 with the 1.8 expected: 34 x 13.73 / 10 -> 47 nodes
-    assert "13.73 days (13.66 without failures) at 31% MFU (estimated)" in model7 and "or give it 47 nodes" in model7
+    # 13.66 days at 31 % MFU without failures, 13.69 with the 1.8 expected (18 min each, on 32 nodes until the
+    # replacement): 34 x 13.69 / 10 -> 47 nodes
+    assert "13.69 days (13.66 without failures) at 31% MFU (estimated)" in model7 and "or give it 47 nodes" in model7
 
 
 def test_a_global_batch_that_does_not_divide_stops_synth_naming_the_entry(tmp_path, write_env):
@@ -324,22 +329,78 @@ def acceptance_report(tmp_path, mfu_ratio: float, memory_ratio: float):
 
 
 def test_plan_measured_scales_the_measured_recipe_and_flags_a_late_model(tmp_path):
-    """The acceptance run measured the 70B layout at 85 % of its estimated MFU and 5 % more memory."""
+    """The acceptance run measured the 70B layout's compute at 85 % of the estimate's speed and 5 % more memory."""
     report = acceptance_report(tmp_path, mfu_ratio=0.85, memory_ratio=1.05)
     base = build_plan(load_settings("prod"))
     measured = build_plan(load_settings("prod"), read_measured(report))
     for a, b in zip(base.rows, measured.rows):
         if a.name == "model7":
-            assert b.mfu == pytest.approx(0.85 * a.mfu) and b.days == pytest.approx(a.days / 0.85)
+            assert b.step.compute_s == pytest.approx(a.step.compute_s / 0.85)
+            assert b.step.tensor_parallel_s == a.step.tensor_parallel_s  # its own model, not scaled
+            assert b.step_s == pytest.approx(a.step.compute_s / 0.85 + a.step.tensor_parallel_s)  # FSDP still hidden
             assert b.memory["total"] == pytest.approx(1.05 * a.memory["total"])
         else:  # another recipe: estimates kept
             assert (b.mfu, b.days, b.memory) == (a.mfu, a.days, a.memory)
-    late = [w for w in measured.warnings
-            if w.startswith("model7: finishes in 16.16 days (16.08 without failures) at 27% MFU (measured)")]
-    assert late and "lower steps to 43,320 or fewer" in late[0]  # 50,000 x 14 / 16.16
+    late = [re.match(r"model7: finishes in ([\d.]+) days \(15\.70 without failures\) at 27% MFU \(measured\), "
+                     r"after plan.deadline_days 14; lower steps to ([\d,]+) or fewer", w) for w in measured.warnings]
+    days, fit = next(m.groups() for m in late if m)
+    assert int(fit.replace(",", "")) == pytest.approx(50_000 * 14 / float(days), rel=5e-4)  # days printed rounded
     out = subprocess.run([sys.executable, "-m", "cluster_config", "plan", "--env", "prod", "--measured", str(report)],
                          capture_output=True, text=True, check=True).stdout
     assert "MEASURED by" in out and "job 4242" in out and "llama2-70b: MFU x 0.85" in out and "WARNING: model7" in out
+
+
+def test_plan_measured_scales_compute_only_and_says_fsdp_is_no_longer_hidden():
+    """The H200 proof measured the 70B recipe's compute (one GPU: no communication) at 1.51 x the estimate's speed.
+    Only the compute gets faster: model7's 3.67 s of tensor-parallel traffic stays, and its 13.4 s of FSDP
+    traffic, hidden under 19.9 s of estimated compute, outlasts the measured 13.2 s."""
+    base = build_plan(load_settings("prod"))
+    measured = build_plan(load_settings("prod"), read_measured(H200_REPORT))
+    a, b = (next(r for r in plan.rows if r.name == "model7") for plan in (base, measured))
+    assert b.step.compute_s == pytest.approx(a.step.compute_s / 1.5093, rel=1e-3)
+    assert b.step.tensor_parallel_s == pytest.approx(3.67, abs=0.01) == a.step.tensor_parallel_s
+    assert b.step.data_parallel_s == a.step.data_parallel_s > b.step.compute_s
+    assert b.step_s == pytest.approx(b.step.tensor_parallel_s + b.step.data_parallel_s)
+    assert b.mfu == pytest.approx(0.43, abs=0.005) and b.days == pytest.approx(9.87, abs=0.01)  # not 47 %, 9.05 days
+    text = format_plan(measured)
+    assert "  model7     13.21  measured x 1.51   3.67  13.38   -0.2  17.05" in text
+    assert "  model1     12.15  measured x 1.26   0.00   2.21    yes  12.15" in text
+    warning = next(w for w in measured.warnings if "data-parallel traffic" in w)
+    assert warning.startswith("model7: data-parallel traffic 13.4 s per step exceeds its compute 13.2 s")
+    assert "train.reduce_dtype: bfloat16" in warning and "train.grad_reduce: last_micro_batch" in warning
+    assert "larger train.tensor_parallel" not in warning  # already 8, the GPUs of a node
+    assert not any("data-parallel traffic" in w for w in base.warnings)  # the estimate's slower compute hides it
+
+
+def test_plan_measured_refuses_a_proof_whose_recipes_ran_with_other_settings(tmp_path):
+    """A lever run (--set train.float8=tensorwise) measures a config the models do not train with: no gain from it."""
+    report = json.loads(H200_REPORT.read_text())
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**report, "set": ["train.float8=tensorwise"]}))
+    with pytest.raises(SettingsError, match=r"its recipes ran with --set train.float8=tensorwise, not as the models train"):
+        read_measured(path)
+
+
+def test_float8_on_gpus_without_fp8_stops_synth_naming_the_entry(tmp_path, write_env):
+    """dev's g5.12xlarge has A10Gs (compute capability 8.6); prod's H200s take float8, and the plan counts no gain."""
+    models = yaml.safe_load((CONFIG_DIR / "dev.yaml").read_text())["models"]
+    models[0]["overrides"] = {**models[0].get("overrides", {}), "train.parallelism": "fsdp", "train.float8": "tensorwise"}
+    with pytest.raises(PlanError) as caught:
+        check_plan(load_settings("dev", write_env(tmp_path, "dev", models=models)))
+    assert (f"{models[0]['name']}: train.float8 tensorwise needs fp8 tensor cores (compute capability 8.9+: H100, H200), "
+            "and g5.12xlarge's A10G has none; set train.float8: off in the overrides of cluster_config/dev.yaml models: "
+            f"{models[0]['name']}") in str(caught.value)
+    on_h200 = build_plan(prod_with(tmp_path / "prod", write_env, "model7", {"train.float8": "rowwise"}))
+    assert not on_h200.errors
+    assert [r.mfu for r in on_h200.rows] == [r.mfu for r in build_plan(load_settings("prod")).rows]
+
+
+def test_bf16_gradient_reduction_halves_the_reduce_scatter_bytes_the_plan_counts():
+    fp32, bf16 = _model7_step(), _model7_step(reduce_dtype="bfloat16")
+    assert bf16.compute_s == fp32.compute_s and bf16.tensor_parallel_s == fp32.tensor_parallel_s
+    # Per layer and micro-batch: 2 all-gathers of 2-byte weights and 1 reduce-scatter of 4-byte gradients,
+    # then of 2-byte ones: 8 bytes per parameter become 6.
+    assert bf16.data_parallel_s == pytest.approx(fp32.data_parallel_s * 6 / 8, rel=0.02)
 
 
 def test_plan_measured_refuses_a_report_without_layout_figures(tmp_path):

@@ -13,6 +13,7 @@ import zlib
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
@@ -102,15 +103,40 @@ def _normal_by_name(param: torch.Tensor, sigma: float, seed: int, name: str) -> 
     param.to_local().copy_(shard.to_local())
 
 
-def compute_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+IGNORE_INDEX = -100  # labels F.cross_entropy leaves out (padding)
+
+
+def compute_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
+                 chunks: int = 1) -> torch.Tensor:
     """Next-token cross-entropy of one micro-batch (fp32 logits), over its tokens.
 
     Under tensor parallelism the logits are vocabulary shards: call inside ``distributed.loss_parallel``,
     which gives the loss on every rank (a replicated DTensor, returned as the plain tensor).
+    ``chunks`` > 1 (``train.loss_chunks``): the loss of each slice of the sequence in turn (``chunked_cross_entropy``).
     """
     logits = model(input_ids=inputs).logits
+    if chunks > 1 and not isinstance(logits, DTensor):
+        return chunked_cross_entropy(logits, labels, chunks, reduction)
     loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction=reduction)
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+def _slice_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
+
+
+def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, chunks: int, reduction: str = "mean") -> torch.Tensor:
+    """``F.cross_entropy`` of bf16 ``logits`` (batch, sequence, vocabulary) in ``chunks`` slices of the sequence,
+    each upcast to fp32 only while its loss is computed and again in backward (activation checkpointing of the
+    slice): the whole micro-batch's fp32 logits and their log-softmax (8 bytes x tokens x vocabulary) never
+    exist at once, one slice's do. The same sums as the unchunked loss, in another order."""
+    total = sum(torch.utils.checkpoint.checkpoint(_slice_loss, piece, target, use_reentrant=False)
+                for piece, target in zip(logits.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)))
+    if reduction == "sum":
+        return total
+    if reduction != "mean":
+        raise ValueError(f"reduction {reduction!r}: chunked cross-entropy gives mean or sum")
+    return total / (labels != IGNORE_INDEX).sum()
 
 
 def count_parameters(config: PretrainedConfig) -> tuple[int, int]:

@@ -31,6 +31,9 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from torch.nn.parallel import DistributedDataParallel
 
 from training.config import ConfigError
+from training.parallel import float8
+
+REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # train.reduce_dtype
 
 
 @dataclass
@@ -193,6 +196,33 @@ MODEL_PLAN = {
 }
 
 
+def block_plan(float8_projections: set[str]) -> dict:
+    """``BLOCK_PLAN`` for one decoder layer whose ``float8_projections`` (names in the layer: ``mlp.up_proj``) are
+    tensorwise float8 ones: torchao's styles, as torchtitan uses them, which cast to float8 before the
+    tensor-parallel all-gather, for each block whose projections all are."""
+    if not float8_projections:
+        return BLOCK_PLAN
+    from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
+                                                       PrepareFloat8ModuleInput)
+
+    plan = dict(BLOCK_PLAN)
+    for block, inputs in (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj"))):
+        if not all(f"{block}.{name}" in float8_projections for name in inputs):
+            continue
+        prepare = BLOCK_PLAN[block]
+        plan[block] = PrepareFloat8ModuleInput(
+            input_layouts=prepare.input_layouts, desired_input_layouts=prepare.desired_input_layouts,
+            input_kwarg_layouts=prepare.input_kwarg_layouts,
+            desired_input_kwarg_layouts=prepare.desired_input_kwarg_layouts,
+            fwd_config_submodule_fqn=inputs[0])
+        for name in inputs:
+            plan[f"{block}.{name}"] = Float8ColwiseParallel()
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        if name in float8_projections:
+            plan[name] = Float8RowwiseParallel(output_layouts=SEQUENCE)
+    return plan
+
+
 def loss_parallel(train):
     """Where the loss and its backward run: on vocabulary-sharded logits under tensor parallel."""
     return tensor_parallel.loss_parallel() if train.tensor_parallel > 1 else contextlib.nullcontext()
@@ -230,22 +260,31 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     """Apply tensor parallelism, activation checkpointing, torch.compile, then FSDP2/HSDP or DDP.
 
     torchtitan's order. Call on the meta-device model for FSDP/HSDP (then ``init_weights``); DDP
-    wants the initialized model. ``mixed_precision`` (default: on GPU) gives FSDP bf16 parameters
-    and compute with fp32 gradient reduction; the dry run forces it on to model the GPU job.
+    wants the initialized model. ``train.float8`` swaps the decoder layers' projections for float8 ones first
+    (``float8.py``; refused where the device cannot take it). ``mixed_precision`` (default: on GPU) gives FSDP
+    bf16 parameters and compute, gradients reduced in ``train.reduce_dtype``; the dry run forces it on to
+    model the GPU job.
     ``compile`` (default: ``train.compile``, else on GPU only) compiles each decoder layer.
     ``init_sync``: DDP checks every rank's parameter shapes and broadcasts rank 0's values (the dry
     run's parameters have no values to read).
     """
+    modelling_gpu = mixed_precision and not d.on_gpu  # the dry run: the GPU job's choices, traced on a CPU
     mixed_precision = d.on_gpu if mixed_precision is None else mixed_precision
     compile = (train.compile if train.compile is not None else d.on_gpu) if compile is None else compile
     layers = model.model.layers
+    float8_layers: list[str] = []
+    if train.float8 != "off" and not modelling_gpu:  # the dry run sizes the layers in bf16 (float8.py)
+        float8_layers = float8.convert(model, train.float8, d.device, sharded=train.parallelism != "ddp")
     if train.async_tp:
         enable_async_tp(mesh)
     if train.tensor_parallel > 1:
         parallelize_module(model, mesh["tp"], MODEL_PLAN)
         parallelize_module(layers[0], mesh["tp"], SPLIT_SEQUENCE)
-        for layer in layers:
-            parallelize_module(layer, mesh["tp"], BLOCK_PLAN)
+        gathered_in_float8 = float8_layers if train.float8 == "tensorwise" else []  # rowwise: TP collectives in bf16
+        for i, layer in enumerate(layers):
+            prefix = f"model.layers.{i}."
+            parallelize_module(layer, mesh["tp"], block_plan({name.removeprefix(prefix) for name in gathered_in_float8
+                                                              if name.startswith(prefix)}))
     for i, layer in enumerate(layers):
         if compile:
             # The layer's own forward, so FSDP's and the checkpoint wrapper's hooks stay outside the
@@ -258,7 +297,7 @@ def parallelize(model: nn.Module, train, d: Dist, mesh: DeviceMesh | None, *,
     dp_mesh = mesh["dp_replicate", "dp_shard"] if train.parallelism == "hsdp" else mesh["dp_shard"]
     kwargs = {"mesh": dp_mesh}
     if mixed_precision:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=REDUCE_DTYPES[train.reduce_dtype])
     # torchtitan's units: the embedding, each layer, the final norm with the output projection (needed
     # again at once by backward: not resharded after forward), then the root for what is left.
     tied = model.lm_head.weight is model.model.embed_tokens.weight  # Llama 3.2 1B/3B: one table, two uses

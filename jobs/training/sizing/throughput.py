@@ -75,7 +75,8 @@ def estimate_mfu(preset: Architecture, train, *, vocab: int, seq_len: int, gpus:
                            hsdp_shard_size=train.hsdp_shard_size,
                            activation_checkpointing=train.activation_checkpointing,
                            activation_checkpointing_every=train.activation_checkpointing_every,
-                           grad_reduce=train.grad_reduce)
+                           grad_reduce=train.grad_reduce,
+                           reduce_bytes=2 if train.reduce_dtype == "bfloat16" else 4)
     if not (node_link_gb_s and network_gb_s):  # link rates unknown (an instance type without figures): not modelled
         return StepEstimate(compute_s, 0.0, 0.0, useful / (compute_s * peak))
     node, network = node_link_gb_s * BUS_EFFICIENCY * 1e9, network_gb_s * BUS_EFFICIENCY * 1e9
