@@ -74,6 +74,7 @@ def update_scenarios(settings: Settings) -> dict[str, Callable[[dict], None]]:
         half = largest["nodes"] // 2
         if half:
             largest["nodes"] -= half
+            largest.pop("min_nodes", None)  # sized for the whole model: a user halving it sets them again
             raw["models"].append({**largest, "name": f"model{len(raw['models']) + 1}", "nodes": half})
 
     def remove_model(raw: dict) -> None:
