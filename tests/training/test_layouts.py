@@ -73,8 +73,12 @@ def test_fsdp_x_tensor_parallel_and_hsdp_match_fsdp_and_ddp(layouts):
     assert_close(hsdp, fsdp)
     assert_close(losses(layouts["fsdp_tp_selective"]), fsdp)
     assert "fsdp x tensor parallel 2 over 4 ranks" in layouts["fsdp_tp"].output
-    # one copy of each shard: the replica sentinel has nothing to compare, and says so (training/resilience/replicas.py)
-    assert "replica check: none (fsdp keeps one copy of each parameter shard)" in layouts["fsdp"].output
+    # one copy of each shard: no copies to compare, yet every layout's checkpoints are verified, by the state at rest
+    # (training/resilience/replicas.py); the layouts with copies record when those last agreed
+    for name, run in layouts.items():
+        meta = json.loads((run.checkpoints / "step_00000008/train_meta.json").read_text())
+        assert meta["verified"] is True, (name, meta)
+        assert meta["replicas_checked"] is (name != "fsdp"), (name, meta)
 
 
 @pytest.mark.parametrize("saved, loaded, nproc", [("fsdp_tp", FSDP, 4), ("fsdp", FSDP_TP, 4),
