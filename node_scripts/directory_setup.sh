@@ -233,6 +233,7 @@ build_float8_packages() {
     log "float8 packages in $target are up to date"
     return
   fi
+  install -d -m 0755 "$target"
   "$JOBS_HOME/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
     --target "$target" -r "$requirements"
   echo "$stamp" >"$target/.requirements.sha256"

@@ -47,7 +47,7 @@ if ! in_image test -f "$MEGATRON_LM_DIR/pretrain_gpt.py"; then
   echo "error: no $MEGATRON_LM_DIR/pretrain_gpt.py — set CONTAINER_IMAGE to the image, or MEGATRON_LM_DIR to a Megatron-LM checkout (docs/megatron.md)" >&2
   exit 2
 fi
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 export MASTER_ADDR MASTER_PORT="${MASTER_PORT:-29500}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron-LM: kernels queued in issue order, for its TP/SP communication overlap
 

@@ -173,6 +173,7 @@ def test_the_head_nodes_setup_reserves_the_end_it_fetched_and_checks_its_digest(
     bucket = node / "s3_assets"  # the assets bucket as the cluster stack fills it
     (bucket / "jobs").mkdir(parents=True)
     (bucket / "jobs" / "requirements-jobs.txt").write_text("# nothing to install\n")
+    (bucket / "jobs" / "requirements-float8.txt").write_text("# nothing to install\n")
     shutil.copytree(SCRIPT.parent, bucket / "node_scripts")
     (bucket / "cluster").mkdir()
     role = "arn:aws:iam::111111111111:role/llm-models/llm/llm-model1"  # the list's third column (render.models_file)

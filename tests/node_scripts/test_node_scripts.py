@@ -186,6 +186,7 @@ def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(n
     (bucket / "jobs").mkdir(parents=True)
     (bucket / "jobs" / "env.sh").write_text("# env\n")
     (bucket / "jobs" / "requirements-jobs.txt").write_text("# nothing to install in this test\n")
+    (bucket / "jobs" / "requirements-float8.txt").write_text("# nor here\n")
     shutil.copytree(SCRIPTS, bucket / "node_scripts")
     aws = node / "bin" / "aws"  # the AWS boundary: `aws s3 sync|cp s3://assets/KEY DEST` copies from the folder
     aws.write_text(f'#!/bin/bash\nset -e\nargs=(); for a; do [[ $a == --* ]] || args+=("$a"); done\n'
@@ -203,6 +204,8 @@ def test_head_node_installs_the_jobs_bundle_the_venv_once_and_the_health_hooks(n
                              capture_output=True, text=True, check=True)
     assert sourced.stdout.split() == ["s3://backup-bucket", "s3://data-bucket"]
     assert (venv / "bin" / "python").exists()
+    # torchao for train.float8 beside the venv, not in it (FLOAT8_PACKAGES in jobs/env.sh)
+    assert (node / "jobs_home" / "float8" / ".requirements.sha256").is_file()
     # Where jobs build tools once for every node (jobs/nccl_tests.sh): on the shared volume, writable by the cluster user.
     tools = node / "jobs_home" / "tools"
     assert (tools.owner(), oct(tools.stat().st_mode & 0o7777)) == ("nobody", "0o2775")
