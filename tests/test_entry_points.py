@@ -7,7 +7,6 @@ as a command line runs it: ``python -m MODULE --help`` with jobs/ and the reposi
 from __future__ import annotations
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from tests.modules_in_turn import run_in_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 # Package folder -> the folder it is imported from (the jobs' packages are on the path from jobs/).
@@ -60,54 +61,26 @@ def test_the_entry_points_are_found_wherever_they_are(tmp_path):
     assert set(entry_points({tmp_path / "pkg": tmp_path})) == {"pkg", "pkg.moved.tool"}
 
 
-# One Python asks many modules in turn, as ``python -m`` runs each (runpy, run_name "__main__"): the imports
-# they share (torch, jsii, pydantic) are paid once instead of once per module.
-ASK_IN_TURN = """
-import contextlib, io, json, runpy, sys, traceback
-answers = {}
-for module in sys.argv[1:]:
-    out, err = io.StringIO(), io.StringIO()
-    sys.argv = [module, "--help"]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-            status = 0
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            status = 1
-    answers[module] = (status, out.getvalue(), err.getvalue())
-sys.__stdout__.write(json.dumps(answers))
-"""
-
-
 @pytest.fixture(scope="module")
 def help_answers() -> dict[str, tuple[int | None, str, str]]:
     """Module -> (exit status, stdout, stderr) of ``python -m MODULE --help``. The modules are asked in turn by
-    two Pythons (ASK_IN_TURN); one that does not answer there is asked again as a command line of its own, which
-    is what its answer is judged on."""
+    two Pythons (tests/modules_in_turn.py); one that does not answer there is asked again as a command line of its
+    own, which is what its answer is judged on."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "jobs"), str(ROOT)])}
 
-    def ask(command: list[str]) -> tuple[int | None, str, str]:
+    def ask(module: str) -> tuple[int | None, str, str]:
         try:
-            done = subprocess.run(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+            done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=HELP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return None, "", f"no answer within {HELP_TIMEOUT_S} s"
         return done.returncode, done.stdout, done.stderr
 
     modules = sorted(ENTRY_POINTS)
-    halves = [modules[0::2], modules[1::2]]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(ask, ([sys.executable, "-c", ASK_IN_TURN, *half] for half in halves)))
-    answers = {}
-    for status, stdout, _ in runs:
-        if status == 0:
-            answers.update({module: tuple(answer) for module, answer in json.loads(stdout).items()})
-    again = [m for m in modules if m not in answers or answers[m][0] != 0 or "usage:" not in answers[m][1]]
+    answers = dict(zip(modules, run_in_turn([[m, "--help"] for m in modules], cwd=ROOT, env=env)))
+    again = [m for m, a in answers.items() if a is None or a[0] != 0 or "usage:" not in a[1]]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
-        answers.update(zip(again, pool.map(ask, ([sys.executable, "-m", m, "--help"] for m in again))))
+        answers.update(zip(again, pool.map(ask, again)))
     return answers
 
 
