@@ -187,7 +187,11 @@ def test_a_lost_node_with_no_spare_goes_on_with_fewer_nodes_then_grows_back(jobs
         subprocess.run([str(jobs.cluster.repo / "local_cluster/cluster.sh"), "reboot", lost], capture_output=True,
                        timeout=600)
     [fewer] = [e for e in job.events("recovery") if e.get("fewer_than")]
-    [grow] = [e for e in job.events("recovery") if e["action"] == "grow"]
+    # The watcher may log its planned stop again while slow-starting workers still ignore the signal; one requeue
+    # follows however often (Restarts below).
+    grows = [e for e in job.events("recovery") if e["action"] == "grow"]
+    assert grows and all(g == {**grows[0], "time": g["time"]} for g in grows), grows
+    grow = grows[0]
     assert fewer["action"] == "relaunch" and fewer["train_nodes"] == 1 and fewer["fewer_than"] == 2, fewer
     assert "no spare node free: going on with 1 of the 2 nodes in the same job" in job.output()
     assert grow["action"] == "grow" and grow["planned"] and grow["full"] == 2, grow
