@@ -51,18 +51,20 @@ class Tensors(torch.nn.Module):
             budget -= numel * 4
 
 
+def elapsed(fn, device: torch.device) -> float:
+    """Seconds of one call of ``fn``, the device's queued work included."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def seconds(fn, device: torch.device, repeats: int = 5) -> float:
     fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(elapsed(fn, device) for _ in range(repeats))
 
 
 def replicated_models(every: int | None) -> list[dict]:

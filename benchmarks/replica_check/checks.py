@@ -47,20 +47,10 @@ from training.parallel import distributed  # noqa: E402
 from training.resilience.replay import Replay  # noqa: E402
 from training.resilience.replicas import ReplicaMismatch, state_sums  # noqa: E402
 
+from benchmarks.replica_check.__main__ import PEAK_FLOPS, PLAN_MFU, elapsed  # noqa: E402
 from benchmarks.training.checkpoint import OneProcess  # noqa: E402
 
 TARGET = 0.01  # of step time, each check
-PEAK_FLOPS, PLAN_MFU = 989e12, 0.40  # H100/H200 dense bf16 and the plan's MFU (as benchmarks.replica_check)
-
-
-def seconds(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def prod_shares(rate: float, replay_extra_over_step: float) -> list[dict]:
@@ -75,7 +65,7 @@ def prod_shares(rate: float, replay_extra_over_step: float) -> list[dict]:
         params, _ = count_parameters(config)
         shards = {"ddp": 1, "hsdp": cfg.train.hsdp_shard_size}.get(cfg.train.parallelism, world_size)
         step_flops = flops_per_token(config, cfg.data.seq_len) * cfg.train.global_batch_size * cfg.data.seq_len
-        step_s = step_flops / (world_size * PEAK_FLOPS * PLAN_MFU)
+        step_s = step_flops / (world_size * PEAK_FLOPS["cuda"] * PLAN_MFU)
         digest_s = 12 * params / shards / rate
         rows.append({"model": model, "preset": cfg.model.preset, "layout": f"{cfg.train.parallelism} x tp "
                      f"{cfg.train.tensor_parallel}", "world_size": world_size, "step_s": step_s, "digest_s": digest_s,
@@ -107,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     one.train_step()  # builds the optimizer state the digest reads; warms up
     rounds, mismatches = [], 0
     for _ in range(args.rounds):  # each round's four figures side by side: other work slows them alike
-        step = seconds(one.train_step, device)
-        digest = seconds(lambda: state_sums(model, optimizer)[1].cpu(), device)
+        step = elapsed(one.train_step, device)
+        digest = elapsed(lambda: state_sums(model, optimizer)[1].cpu(), device)
         model.zero_grad(set_to_none=True)
-        plain = seconds(forward_backward, device)
+        plain = elapsed(forward_backward, device)
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         try:

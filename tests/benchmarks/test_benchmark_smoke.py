@@ -136,6 +136,19 @@ def test_replica_check_benchmark(tmp_path):
         assert row["check_s"] == pytest.approx(row["rank_bytes"] / (result["check_gb_per_s"] * 1e9))
 
 
+def test_corruption_checks_benchmark(tmp_path):
+    """The at-rest digest's and the replay's share of a step, on this CPU at a small size, then each prod model's."""
+    proc, result = run([sys.executable, "-m", "benchmarks.replica_check.checks", "--hidden", "64", "--layers", "1",
+                        "--rounds", "2", "--read-gb-s", "677"], tmp_path / "checks.json", timeout=300)
+    met = all(r["digest_fraction"] < result["target_fraction"] and r["replay_fraction"] < result["target_fraction"]
+              for r in result["prod"])
+    assert proc.returncode == (0 if met else 1), proc.stderr[-4000:]
+    assert positive(result["step_s"], result["digest_s"], result["forward_backward_s"])
+    assert result["replays_differing"] == 0  # bit-exact on the CPU: the replay's premise
+    assert result["prod_read_gb_s"] == pytest.approx(677)  # prod's digests at the stated read rate
+    assert [r["model"] for r in result["prod"]] == [f"model{i}" for i in range(1, 8)]
+
+
 def test_snapshot_benchmark(tmp_path):
     """A snapshot's cost, measured here on a small model, then each prod model's from the plan's figures."""
     proc, result = run([sys.executable, "-m", "benchmarks.snapshot", "--hidden", "128", "--layers", "1", "--snapshots", "2"],
