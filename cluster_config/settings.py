@@ -690,8 +690,9 @@ class GoodputSettings(_Strict):
     # relaunched in the same allocation, survivors load their own snapshot from node memory and the hot
     # spare the lost node's shards from their buddy copy over EFA (cluster_config/hardware.py), then redo
     # the steps since the last snapshot (half an interval on average). Detection, from the failure to the
-    # job step's end (measured on the local cluster: 0.4 s for a node's killed workers, 24 s for a lost node;
-    # on GPUs a lost node's peers wait out NCCL's collective timeout, train.timeout_s):
+    # job step's end (measured on the local cluster: 0.4 s for a node's killed workers, 24 s for a lost node whose
+    # sockets close; a node that goes silent is found by the trainer's peer heartbeats within train.peer_timeout_s
+    # and a beat, training/resilience/heartbeat.py, where NCCL's collectives would wait out train.timeout_s):
     detection_s: float = Field(30, ge=0, le=86400)
     # ... and the relaunch and start-up: the new job step's processes, imports, rendezvous and NCCL's
     # communicators, up to the snapshot's load (its transfer is counted apart, from the bytes).

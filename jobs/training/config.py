@@ -158,6 +158,11 @@ class TrainConfig(_Section):
     timeout_s: int = Field(100, gt=0, description="collective timeout after the first step: a dead peer ends the step")
     watchdog_floor_s: float = Field(180, gt=0, description="progress watchdog: shortest window without a step")
     watchdog_factor: float = Field(10, gt=0, description="progress watchdog: window = this x the median step time")
+    peer_timeout_s: float = Field(30, ge=0, description="a node whose heartbeat (its local rank 0 writes one to the "
+                                  "job's store every sixth of this) is not heard for this long, or a store that does "
+                                  "not answer for as long, is lost: every rank exits at once for the job to relaunch, "
+                                  "instead of waiting out train.timeout_s (training/resilience/heartbeat.py); above the "
+                                  "longest the GIL is held (a snapshot's serialization: seconds); 0: off")
     straggler_margin: float = Field(0.10, gt=0, description="a node this much slower than the median of the others "
                                     "in one cause (gpu and host probes: a fixed workload timed each log interval; "
                                     "storage, network: the interval's data wait, the others' wait for it, as shares) is "
@@ -232,6 +237,15 @@ class Config(_Section):
             raise ValueError(f"train.straggler_intervals {self.train.straggler_intervals} are counted in the last "
                              f"train.straggler_window {self.train.straggler_window} intervals: raise straggler_window "
                              f"to at least {self.train.straggler_intervals} or lower straggler_intervals")
+        if 0 < self.train.peer_timeout_s < 1:
+            raise ValueError(f"train.peer_timeout_s {self.train.peer_timeout_s:g}: a beat every sixth of it would "
+                             f"load the job's store for nothing (a lost node costs a minute to relaunch); use at least "
+                             f"1 s (30 s in prod), or 0 to turn the heartbeats off")
+        if self.train.peer_timeout_s > self.train.timeout_s:
+            raise ValueError(f"train.peer_timeout_s {self.train.peer_timeout_s:g} is above train.timeout_s "
+                             f"{self.train.timeout_s}: the collective timeout would end the step first and the "
+                             f"heartbeats would find a lost node no sooner; lower peer_timeout_s to at most "
+                             f"{self.train.timeout_s}, or 0 to turn them off")
         if self.train.global_batch_size % self.train.micro_batch_size:
             raise ValueError(
                 f"train.global_batch_size {self.train.global_batch_size} is not a multiple of "

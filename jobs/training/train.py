@@ -31,7 +31,7 @@ from training.parallel import distributed
 
 from training.models import hf_weights
 
-from training.resilience import node_suspect, replay, replicas, stragglers
+from training.resilience import heartbeat, node_suspect, replay, replicas, stragglers
 from training.checkpoints.checkpointer import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
 from training.checkpoints.snapshot import Snapshots
 from training.config import Config, ConfigError, config_keys, load_config
@@ -107,6 +107,9 @@ class Trainer:
         self.watchdog = ProgressWatchdog(log_dir=cfg.log.dir, rank=d.rank, init_timeout_s=cfg.train.init_timeout_s,
                                          floor_s=cfg.train.watchdog_floor_s, factor=cfg.train.watchdog_factor,
                                          failure_file=os.environ.get("TRAIN_FAILURE_FILE"), on_gpu=d.on_gpu).start()
+        # A node that stops answering (lost) ends the step within train.peer_timeout_s, not train.timeout_s.
+        self.heartbeat = heartbeat.start(rank=d.rank, world_size=d.world_size, peer_timeout_s=cfg.train.peer_timeout_s,
+                                         failure_file=os.environ.get("TRAIN_FAILURE_FILE"))
         if d.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
 
@@ -242,6 +245,8 @@ class Trainer:
             if self.snapshots:  # the checkpoint of this step is on the file system: the snapshots have done their work
                 self.snapshots.close(remove=True)
         self.watchdog.close()
+        if self.heartbeat:  # this node has finished: the others, maybe still saving, do not count it lost
+            self.heartbeat.close()
         status = "complete" if self.step >= cfg.train.steps else "stopped"
         if stopping:
             log.warning("stopped at step %d on %s after saving a checkpoint", self.step,

@@ -185,7 +185,8 @@ def test_prod_model7_with_and_without_a_hot_spare_by_hand(prod_plan):
     model7 = row_of(prod_plan, "model7")
     g = model7.goodput
     assert g.hot_spares == 0 and g.p_no_hot_spare == 1  # prod holds none: every failure requeues
-    assert g.in_job_lost_s == pytest.approx(110 + 60 + model7.snapshot_bytes_per_node / (400e9 * 0.8)
+    assert g.in_job_lost_s == pytest.approx(settings.goodput.detection_s + 60
+                                            + model7.snapshot_bytes_per_node / (400e9 * 0.8)
                                             + model7.snapshot_interval_s / 2)
     assert g.in_job_lost_s < 5 * 60  # what a free hot spare would make of a failure
     two = next(t for t in model7.trades if t.spares == 2 and t.failure_factor == 1)

@@ -2,6 +2,7 @@
 
   signals         SIGUSR1/SIGTERM stop requests, answered at a step boundary
   watchdog        no step in its window -> stacks and flight recorder dumped, exit for recovery
+  heartbeat       each node's beats in the job's store: a node not heard for train.peer_timeout_s -> exit for recovery
   stragglers      each rank's probes, data wait and arrival gathered; a slow node named and evicted (the trainer's side)
   straggler_rule  the rule: one figure per node and cause, k of the last w intervals; torch-free (the study and
                   the simulation use it too)
