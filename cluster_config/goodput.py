@@ -19,8 +19,10 @@ The model, per model of ``n`` nodes (docs/goodput.md derives it and gives the so
                        ``+ (1 - n' / n) R x P(no spare)`` (the replacement time at ``n'`` of ``n`` nodes' pace: ``n'``
                          the most nodes below ``n``, at least ``min_nodes``, on which the global batch divides:
                          recovery.fewer_nodes; a spare node free in the queue ends it at once)
-                       ``+ save_s + recovery_s`` (growing back: a planned stop with a save, and the requeue's restart
-                         onto the whole allocation; Slurm cannot give a running job a node)
+                       ``+ G`` (growing back onto the whole allocation; Slurm cannot give a running job a node): with
+                         snapshots, ``G = grow_back_requeue_s + relaunch_s + B / E`` (a planned stop that keeps the
+                         state in the nodes' memory, the requeue until the job runs again on them, the restart, and
+                         the returning node's shards from the nodes holding them); without, ``save_s + recovery_s``
   requeue      ``L_requeue = recovery_s`` (detect, requeue, restart)
                        ``+ τ / 2 + save_s`` (the work since the last committed checkpoint: half
                          an interval on average, plus the save in flight, not yet committed)
@@ -101,6 +103,30 @@ class Run(Protocol):
 DAY_S = 86400.0
 P95 = 0.95
 
+# Slurm as the ParallelCluster release we deploy (render.PCLUSTER_VERSION) ships it (its release notes).
+SLURM_OF_PCLUSTER = {"3.16.1": (25, 11, 8)}
+EXPEDITED_REQUEUE_SINCE = (25, 11)  # sbatch --requeue=expedite (Slurm 25.11's release notes)
+# Slurm runs it only with SlurmctldParameters=enable_expedited_requeue in slurm.conf (sbatch's manual; SchedMD's
+# test notes expect a submission asking for it to be refused otherwise), and ParallelCluster refuses SlurmctldParameters in
+# Scheduling.SlurmSettings.CustomSlurmSettings (its SLURM_SETTINGS_DENY_LIST; checked by tests/cluster_config).
+CONTROLLER_PARAMETERS_SETTABLE = False
+
+
+def expedited_requeue(pcluster_version: str) -> tuple[bool, str]:
+    """Whether a cluster of this ParallelCluster version can requeue the jobs with Slurm's expedited requeue (restart
+    at once, as the highest-priority job, on the nodes it held), and why (not)."""
+    slurm = SLURM_OF_PCLUSTER.get(pcluster_version)
+    if slurm is None:
+        return False, f"ParallelCluster {pcluster_version}'s Slurm is not known here (SLURM_OF_PCLUSTER)"
+    version = ".".join(map(str, slurm))
+    if slurm[:2] < EXPEDITED_REQUEUE_SINCE:
+        return False, f"Slurm {version} (ParallelCluster {pcluster_version}) has no expedited requeue"
+    if not CONTROLLER_PARAMETERS_SETTABLE:
+        return False, (f"Slurm {version} (ParallelCluster {pcluster_version}) has --requeue=expedite, but it needs "
+                       "SlurmctldParameters=enable_expedited_requeue, which ParallelCluster's CustomSlurmSettings refuse: "
+                       "the jobs keep --requeue and a requeued job waits out Slurm's hold (AuthInfo cred_expire)")
+    return True, f"Slurm {version} (ParallelCluster {pcluster_version}): --requeue=expedite"
+
 
 def young_interval_s(save_s: float, failures_per_day: float) -> float:
     """Young's checkpoint interval, seconds: sqrt(2 x save time / failure rate); inf without failures."""
@@ -173,6 +199,7 @@ class Goodput:
     hot_spares: int = 0  # H: the model's (models.<m>.hot_spares)
     detection_s: float = 0.0
     relaunch_s: float = 0.0
+    grow_back_requeue_s: float = 0.0  # the grow-back's stop (a snapshot held in memory) and requeue, until it runs again
     transfer_s: float = 0.0  # the lost node's shards from their buddy copy, over EFA
     p_no_hot_spare: float = 1.0  # q: a failure finds every hot spare used (1 without snapshots)
     fewer_nodes: int = 0  # n': the nodes it goes on with when no spare is free (0: it waits for a replacement)
@@ -205,7 +232,11 @@ class Goodput:
 
     @property
     def grow_back_s(self) -> float:
-        """Back from fewer nodes to all of them: a planned stop that saves, and the requeue's restart."""
+        """Back from fewer nodes to all of them: a planned stop that keeps the state in memory, the requeue onto the
+        nodes holding it, the restart and the returning node's shards over EFA; without snapshots, a planned stop that
+        saves to the file system and the requeue's restart from it."""
+        if self.snapshot_interval_s:
+            return self.grow_back_requeue_s + self.relaunch_s + self.transfer_s
         return self.save_s + self.recovery_s
 
     @property
@@ -280,7 +311,7 @@ def goodput(row: Run, settings: Settings, *, hot_spares: int | None = None, fail
         replacement_s=assume.node_replacement_min * 60,
         p_no_spare=p_no_spare(down, settings.gpu_queue.spare_nodes),
         snapshot_interval_s=row.snapshot_interval_s, hot_spares=spares, detection_s=assume.detection_s,
-        relaunch_s=assume.relaunch_s,
+        relaunch_s=assume.relaunch_s, grow_back_requeue_s=assume.grow_back_requeue_s,
         transfer_s=row.snapshot_bytes_per_node / (row.network_gb_s_per_node * 1e9) if row.network_gb_s_per_node else 0.0,
         p_no_hot_spare=(p_no_hot_spare(rate * (row.nodes + spares), spares, assume.hot_spare_refill_h / 24)
                         if snapshots else 1.0),

@@ -57,8 +57,8 @@ from training.sizing.memory import GIB, RunShape, checkpoint_bytes, memory
 from training.sizing.throughput import BUS_EFFICIENCY, StepEstimate
 from training.resilience.recovery import fewer_nodes
 
-from cluster_config.goodput import (Goodput, HotSpareTrade, Stragglers, goodput, hot_spare_trade, mean_nodes_down,
-                                    p_no_spare, straggler_study, stragglers)
+from cluster_config.goodput import (Goodput, HotSpareTrade, Stragglers, expedited_requeue, goodput, hot_spare_trade,
+                                    mean_nodes_down, p_no_spare, straggler_study, stragglers)
 from cluster_config import megatron
 from cluster_config.hardware import Gpu, gpu_of, host_memory_gib
 from cluster_config.model_configs import SNAPSHOT_KEY, architecture, model_config, step_estimate, vocabulary
@@ -764,16 +764,22 @@ def _format_step(plan: Plan) -> list[str]:
 def _format_goodput(plan: Plan) -> list[str]:
     if not plan.goodputs:
         return []
+    from cluster_config.render import PCLUSTER_VERSION  # (render imports capacity_end, which imports this module)
+
     a = plan.assume
+    expedited, why = expedited_requeue(PCLUSTER_VERSION)
     lines = _format_snapshots(plan)
     lines += [f"  goodput (cluster_config/goodput.py): {a.failures_per_1000_node_days:g} failures per 1,000 node-days. "
               f"A failure with a hot spare free is recovered inside the job from the snapshots: {a.detection_s:.0f} s "
               f"to detect, {a.relaunch_s:.0f} s to relaunch and start, the buddy copy's transfer, half a snapshot "
               "interval redone (job min); else, where models.<m>.min_nodes allows, it goes on with fewer nodes "
               "(fewer: the most on which the global batch divides) from the snapshots resharded, slower for the "
-              "replacement's time, then saves and requeues onto the whole allocation (fewer min); else the job "
+              "replacement's time, then stops keeping its state in memory and requeues onto the whole allocation "
+              f"({a.grow_back_requeue_s:.0f} s to stop and run again, then the relaunch) (fewer min); else the job "
               f"requeues: {a.recovery_s:.0f} s to detect, requeue and restart, the work since the last checkpoint, "
-              f"{a.node_replacement_min:g} min to replace a node (requeue min); the minutes per failure count the path the settings choose;",
+              f"{a.node_replacement_min:g} min to replace a node (requeue min; "
+              f"{'expedited' if expedited else 'not expedited'}: {why}); the minutes per failure count the path the "
+              "settings choose;",
               f"  {plan.spare_nodes} spare node{'s' if plan.spare_nodes != 1 else ''}: a requeue finds none free "
               f"{_percent(plan.p_no_spare)} of the time ({plan.mean_nodes_down:.3f} nodes down at once on average); "
               "days and $ with the expected failures:",

@@ -697,6 +697,11 @@ class GoodputSettings(_Strict):
     # ... and the relaunch and start-up: the new job step's processes, imports, rendezvous and NCCL's
     # communicators, up to the snapshot's load (its transfer is counted apart, from the bytes).
     relaunch_s: float = Field(60, ge=0, le=86400)
+    # Growing a run on fewer nodes back to its whole allocation, with snapshots: the planned stop keeps the state in
+    # the nodes' memory (a snapshot of the stop step, no save to FSx) and the job requeues itself asking for those
+    # nodes. This is that stop and the requeue until the job runs again; the restart is relaunch_s and the returning
+    # node's shards come over EFA (B / E), as in the job. Its parts: tests/training/test_slurm_relaunch.py.
+    grow_back_requeue_s: float = Field(200, ge=0, le=86400)
     # At most this much training between two in-memory snapshots: each model's checkpoint.snapshot_every
     # is the most steps that fit in it at the plan's estimated step time (cluster_config/model_configs.py).
     snapshot_minutes: float = Field(5, gt=0, le=24 * 60)

@@ -185,6 +185,10 @@ ignore_usr1=(bash -c 'trap "" USR1; exec "$@"' ignore-usr1)
 train_task=(bash -c 'trap "" USR1 TERM; eval "$TRAIN_COMMAND" && exit 0; rc=$?; echo "$SLURM_STEP_ID" >"$STEP_FAILED_MARK"; exit "$rc"' train-task)
 STEP_GRACE_S=10
 export STEP_FAILED_MARK="$LOG_DIR/.step-failed.$SLURM_JOB_ID"
+# The planned stop that grows a run on fewer nodes back (watch_for_nodes, below) creates this file before it
+# signals the workers: they then keep their state in the nodes' memory instead of saving it to FSx, and rank 0
+# writes the nodes holding it into the file, which the requeued job asks for (training/checkpoints/snapshot.py).
+export TRAIN_GROW_MARK="$LOG_DIR/.grow.$SLURM_JOB_ID"
 watcher_pid=""
 watch_step() {  # watch_step SRUN_PID, in the background
   while [[ ! -s $STEP_FAILED_MARK ]]; do sleep 1; done
@@ -312,19 +316,21 @@ full_nodes=$TRAIN_NODES
 fewer_args=()
 GROW_CHECK_S="${GROW_CHECK_S:-60}"
 # While the run trains on fewer nodes: once the partition has idle nodes enough to give the job its whole
-# allocation again (the lost node's replacement is up), the workers save and stop (SIGUSR1 to the steps, as at the
-# time limit; the guard and the monitor ignore it) and the stop requeues the job onto the whole allocation. The
-# signal is repeated until the step ends: workers still starting ignore it (their launcher does, and they inherit
-# that until their handler is in place).
+# allocation again (the lost node's replacement is up), the workers stop (SIGUSR1 to the steps, as at the time
+# limit; the guard and the monitor ignore it) keeping their state in memory (TRAIN_GROW_MARK, above), and the stop
+# requeues the job onto the whole allocation. The signal is repeated until the workers have stopped (STATUS
+# written): workers still starting ignore it (their launcher does, and they inherit that until their handler is in
+# place), and one that comes while a stopped worker's Python is exiting (its handlers gone) would kill it.
 watch_for_nodes() {
   local held idle
   while sleep "$GROW_CHECK_S"; do
     held="$(scontrol show hostnames "$(scontrol show job -o "$SLURM_JOB_ID" | grep -o ' NodeList=[^ ]*' | cut -d= -f2)" | wc -l)"
     idle="$(sinfo -h -p "$SLURM_JOB_PARTITION" -t idle -o '%D' | awk '{ n += $1 } END { print n + 0 }')"
     if ((idle >= ${#allocation[@]} - held)); then
-      echo "$idle idle nodes in $SLURM_JOB_PARTITION: saving and requeueing to train on $full_nodes nodes again"
+      echo "$idle idle nodes in $SLURM_JOB_PARTITION: stopping, the state kept in memory, and requeueing to train on $full_nodes nodes again"
       python -m training.resilience.recovery grow "$LOG_DIR" --nodes "$TRAIN_NODES" --full "$full_nodes"
-      while scancel --signal=USR1 "$SLURM_JOB_ID"; do sleep "$GROW_CHECK_S"; done
+      : >"$TRAIN_GROW_MARK"
+      while [[ ! -s $CKPT_DIR/STATUS ]] && scancel --signal=USR1 "$SLURM_JOB_ID"; do sleep "$GROW_CHECK_S"; done
       return
     fi
   done
@@ -348,7 +354,7 @@ while true; do
       | grep -vx "${SLURMD_NODENAME:-$(hostname -s)}" | sed -n 1p || true)"
   fi
 
-  rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE" "$STEP_FAILED_MARK"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
+  rm -f "$CKPT_DIR/STATUS" "$TRAIN_FAILURE_FILE" "$STEP_FAILED_MARK" "$TRAIN_GROW_MARK"  # the trainer writes STATUS (complete | stopped) when it ends cleanly
   launcher=(torchrun --nnodes="$TRAIN_NODES" --nproc-per-node="$NPROC_PER_NODE" --shutdown-timeout="$KILL_WAIT"
     --rdzv-id="$SLURM_JOB_ID-$relaunch" --rdzv-backend=c10d --rdzv-endpoint="$master_addr:$rdzv_port" -m training.train)
   if [[ -n ${TRAIN_LAUNCHER:-} ]]; then read -ra launcher <<<"$TRAIN_LAUNCHER"; fi
@@ -414,7 +420,16 @@ while true; do
       # The requeue ends this job: Slurm sends SIGTERM to every process of it, scontrol included. Ignored
       # (children inherit it) so the limit's restore below is not cut off; SIGKILL only comes after KillWait.
       trap '' TERM
+      held="$(cat "$TRAIN_GROW_MARK" 2>/dev/null || true)"
       scontrol requeue "$SLURM_JOB_ID"
+      # The state kept in the nodes' memory (a planned grow back) loads only on an allocation that includes them:
+      # the requeued job asks for them (and Slurm adds the others); a later requeue from FSx asks for none again.
+      if [[ -n $held ]]; then
+        scontrol update JobId="$SLURM_JOB_ID" ReqNodeList="${held// /,}" && : >"$LOG_DIR/.pinned.$SLURM_JOB_ID" \
+          || echo "WARNING: the requeued job may start on other nodes than $held, which hold its state: it then resumes from FSx" >&2
+      elif [[ -e $LOG_DIR/.pinned.$SLURM_JOB_ID ]]; then
+        scontrol update JobId="$SLURM_JOB_ID" ReqNodeList= && rm -f "$LOG_DIR/.pinned.$SLURM_JOB_ID"
+      fi
       # A limit Slurm cut to fit before a reservation (--time-min) stays cut across the requeue, and every
       # restart would stop as early; a pending job's owner may raise it again (up to the partition's
       # MaxTime), so the next run gets the whole limit unless a reservation cuts it anew.
@@ -428,6 +443,7 @@ while true; do
   esac
   break
 done
+rm -f "$TRAIN_GROW_MARK" "$LOG_DIR/.pinned.$SLURM_JOB_ID"
 
 # Complete: the final checkpoint is backed up by a CPU job that starts once this job has ended
 # successfully (afterok), so the GPU nodes are released now rather than after a ~1 TB upload.

@@ -159,10 +159,41 @@ take_out() {
 }
 
 # A job's snapshots in memory (jobs/training/checkpoints/snapshot.py) go with it: /dev/shm is the node's RAM.
+# They stay only across the job's own requeue where its planned stop kept the state there (a run on fewer nodes
+# growing back): the trainer wrote job_<id>/requeued with its run's restart count just before the requeue. Every other job's folder here goes once Slurm has that job neither pending nor running on this
+# node (a requeued job cancelled while pending, or started elsewhere), at this node's next prolog or epilog.
 # find does not follow links: a folder a job replaced by a link to elsewhere is not descended.
-if [[ $context == epilog && ${SLURM_JOB_ID:-} =~ ^[0-9_]+$ ]]; then
-  find "$SNAPSHOT_DIR" -mindepth 2 -maxdepth 2 -type d -path "$SNAPSHOT_DIR/llm-snapshots-*/job_$SLURM_JOB_ID" \
-    -exec rm -rf -- {} + 2>/dev/null || log "could not remove job $SLURM_JOB_ID's snapshots from $SNAPSHOT_DIR"
+snapshots_kept() {  # snapshots_kept FOLDER JOB_ID: whether the folder stays
+  local job state restarts kept
+  if ! job="$(scontrol show job -o "$2" 2>&1)"; then
+    [[ $job != *"Invalid job id"* ]]  # gone from Slurm: removed; Slurm not answering: kept until next time
+    return
+  fi
+  [[ $job =~ (^| )JobState=([A-Z_]+) ]] && state=${BASH_REMATCH[2]}
+  if [[ $context == epilog && $2 == "${SLURM_JOB_ID:-}" ]]; then  # this job ends, or is being requeued
+    [[ -f $1/requeued && ! -L $1/requeued ]] || return 1
+    kept="$(head -c 16 -- "$1/requeued" | tr -cd '0-9')"
+    [[ $job =~ (^| )Restarts=([0-9]+) ]] && restarts=${BASH_REMATCH[2]}
+    # Slurm may count the restart only after this epilog has run: the run that wrote the mark is enough. A mark whose requeue never came leaves a folder the next prolog or epilog here removes (below).
+    [[ -n $kept && -n ${restarts:-} && ${state:-} =~ ^(COMPLETING|PENDING|REQUEUED|REQUEUE_FED)$ ]] && ((restarts >= kept))
+    return
+  fi
+  case ${state:-} in
+    PENDING | REQUEUED | REQUEUE_FED | REQUEUE_HOLD | SUSPENDED) return 0 ;;
+    CONFIGURING | RUNNING | COMPLETING | RESIZING | SIGNALING | STAGE_OUT | STOPPED)
+      [[ $job =~ \ NodeList=([^ ]+) ]] && scontrol show hostnames "${BASH_REMATCH[1]}" 2>/dev/null | grep -qx -- "$node" ;;
+    *) return 1 ;;
+  esac
+}
+if [[ ${SLURM_JOB_ID:-} =~ ^[0-9_]+$ ]]; then
+  while IFS= read -r -d '' folder; do
+    [[ ${folder##*/job_} =~ ^[0-9]+$ ]] || continue
+    if snapshots_kept "$folder" "${folder##*/job_}"; then
+      [[ ${folder##*/job_} != "$SLURM_JOB_ID" || $context != epilog ]] || log "kept $folder across the job's requeue (snapshots in memory)"
+      continue
+    fi
+    rm -rf -- "$folder" 2>/dev/null || log "could not remove $folder (snapshots in memory)"
+  done < <(find "$SNAPSHOT_DIR" -mindepth 2 -maxdepth 2 -type d -path "$SNAPSHOT_DIR/llm-snapshots-*/job_*" -print0 2>/dev/null)
 fi
 
 if [[ $context == prolog ]]; then

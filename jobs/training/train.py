@@ -33,7 +33,7 @@ from training.models import hf_weights
 
 from training.resilience import heartbeat, node_suspect, replay, replicas, stragglers
 from training.checkpoints.checkpointer import CheckpointInUse, CheckpointMismatch, Checkpointer, NoRoomForCheckpoint, NothingLoadable
-from training.checkpoints.snapshot import Snapshots
+from training.checkpoints.snapshot import Snapshots, planned_grow_stop
 from training.config import Config, ConfigError, config_keys, load_config
 from training.components.determinism import set_determinism
 from training.components.evaluate import Evaluator
@@ -194,7 +194,7 @@ class Trainer:
                       resumed_from=self.metrics_resume)
         self.snapshot_noted = self.snapshots.last_written if self.snapshots else -1
         batches = iter(self.loader)
-        stopping = False
+        stopping = kept = False  # kept: the state held in memory for the requeue, not saved (snapshots.hold)
         first_step, last_save = self.step, time.monotonic()
         while self.step < cfg.train.steps and not stopping:
             loss, grad_norm, lr = self.train_step(batches)
@@ -204,7 +204,8 @@ class Trainer:
             ckpt.poll()
             self.note_snapshot()
             stopping = distributed.any_rank(self.stop.requested, d)
-            last = self.step == cfg.train.steps or stopping
+            last_step = self.step == cfg.train.steps
+            last = last_step or stopping
             evict = None  # the straggler whose node this run leaves, after saving
             if self.step % cfg.log.interval == 0 or last:
                 ranks = self.rank_timing.interval(metrics.data_wait, metrics.clock() - metrics.interval_start)
@@ -225,6 +226,11 @@ class Trainer:
                     result = self.evaluator.evaluate(self.model)
                 metrics.emit_eval(self.step, result, result["eval_s"])
             due = self.step % cfg.checkpoint.every == 0 or last
+            if stopping and not last_step and self.snapshots and distributed.any_rank(planned_grow_stop(), d):
+                # Growing back onto the whole allocation: the state crosses the requeue in the nodes' memory.
+                with self.watchdog.allow(cfg.train.init_timeout_s):
+                    kept = self.snapshots.hold(self.step, self.app_state())
+                due = due and not kept
             if cfg.checkpoint.every_minutes and not due:  # on any rank's clock, so all ranks save together
                 due = distributed.any_rank(time.monotonic() - last_save >= 60 * cfg.checkpoint.every_minutes, d)
             if self.at_rest and (due or evict or self.step % cfg.train.replica_check_every == 0):
@@ -242,16 +248,16 @@ class Trainer:
 
         with self.watchdog.allow(cfg.train.init_timeout_s):
             ckpt.close()
-            if self.snapshots:  # the checkpoint of this step is on the file system: the snapshots have done their work
-                self.snapshots.close(remove=True)
+            if self.snapshots:  # this step is on the file system (or kept for the requeue): the others are of no use
+                self.snapshots.close(remove=not kept)
         self.watchdog.close()
         if self.heartbeat:  # this node has finished: the others, maybe still saving, do not count it lost
             self.heartbeat.close()
         status = "complete" if self.step >= cfg.train.steps else "stopped"
         if stopping:
-            log.warning("stopped at step %d on %s after saving a checkpoint", self.step,
-                        self.stop.signal_name or "another rank's signal")
-        metrics.event(kind=status, step=self.step, signal=self.stop.signal_name)
+            log.warning("stopped at step %d on %s after %s", self.step, self.stop.signal_name or "another rank's signal",
+                        "keeping its state in the nodes' memory for the requeue" if kept else "saving a checkpoint")
+        metrics.event(kind=status, step=self.step, signal=self.stop.signal_name, **({"kept_in_memory": True} if kept else {}))
         metrics.close()
         if d.is_main:
             write_atomic(ckpt.dir / "STATUS", status + "\n")

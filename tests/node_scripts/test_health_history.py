@@ -22,7 +22,13 @@ class Hook:
         self.root = root
         (root / "bin").mkdir()
         (root / "node-health").mkdir()  # directory_setup.sh makes it on the logs file system
-        (root / "bin" / "scontrol").write_text(f'#!/bin/sh\necho "$@" >>{root}/scontrol.calls\n')
+        # Slurm's answers where a test gives them: `show job -o ID` prints jobs/ID (else Slurm's "Invalid job id").
+        (root / "jobs").mkdir()
+        (root / "bin" / "scontrol").write_text(
+            f'#!/bin/sh\necho "$@" >>{root}/scontrol.calls\n'
+            f'if [ "$1 $2" = "show job" ]; then cat {root}/jobs/$4 2>/dev/null && exit 0; '
+            'echo "slurm_load_jobs error: Invalid job id specified"; exit 1; fi\n'
+            'if [ "$1 $2" = "show hostnames" ]; then echo "$3" | tr , "\\n"; fi\n')
         (root / "bin" / "scontrol").chmod(0o755)
         (root / "check.sh").write_text(f"#!/bin/sh\n[ -e {root}/healthy ] && exit 0\necho probing\necho \"$CHECK_SAYS\"\nexit 1\n")
         (root / "check.sh").chmod(0o755)
@@ -36,8 +42,14 @@ class Hook:
                 "HEALTH_CONF": "/nonexistent", "HEALTH_LOG": str(self.root / "health.log"),
                 "HEALTH_HISTORY": str(self.history), "INSTANCE_ID_FILE": str(self.instance), "CHECK_SAYS": says,
                 "HEALTH_STATE_DIR": str(self.root / "run"), "SLURMD_NODENAME": node, "SLURM_JOB_ID": job,
+                "SNAPSHOT_DIR": str(self.root / "shm"),
                 "SLURM_SCRIPT_CONTEXT": f"{context}_slurmd", **env}
         return subprocess.run(["bash", str(HOOK), *args], env=full, capture_output=True, text=True)
+
+    def job(self, job: str, state: str, nodes: str = "gpu-st-p5e-3", restarts: int = 0) -> None:
+        """What Slurm says of ``job`` (scontrol show job -o)."""
+        (self.root / "jobs" / job).write_text(f"JobId={job} JobName=model1 JobState={state} Reason=None Restarts={restarts} "
+                                              f"ReqNodeList=(null) NodeList={nodes} BatchHost=x\n")
 
     def calls(self) -> list[str]:
         path = self.root / "scontrol.calls"
@@ -260,6 +272,44 @@ def test_the_epilog_removes_the_jobs_snapshots_in_memory_and_nothing_else(hook, 
         (folder / "rank_00000.pt").write_bytes(b"state")
     (shm / "llm-snapshots-model2").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "healthy").touch()
+    hook.job("77", "COMPLETING")
+    hook.job("78", "PENDING")
     assert hook.run(SNAPSHOT_DIR=str(shm)).returncode == 0
     assert not (shm / "llm-snapshots-model1/job_77").exists()
     assert (other_job / "rank_00000.pt").exists() and (elsewhere / "rank_00000.pt").exists()
+
+
+@pytest.mark.parametrize("mark, restarts, kept", [
+    ("0\n", 1, True),     # the planned stop's mark, and Slurm has requeued the job since: kept for the next run
+    ("0\n", 0, True),     # the requeue under way, its restart not yet counted by Slurm : kept
+    ("0\n", 2, True),     # a later run's end with an older mark (the trainer removes it at start; if not): kept once,
+                          # then removed by the sweep below once Slurm has the job neither pending nor running here
+    (None, 1, False),     # a requeue without the mark (a failure's, from FSx): removed
+    ("x\n", 1, False),    # a mark that is not a restart count: removed
+])
+def test_a_jobs_snapshots_stay_across_its_planned_requeue_only(hook, mark, restarts, kept):
+    """The run on fewer nodes growing back keeps its state in memory across the requeue: the epilog keeps the folder
+    when the trainer's mark names this run or an earlier one, and removes it otherwise."""
+    folder = hook.root / "shm/llm-snapshots-model1-1000/job_77"
+    (folder / "gpu-st-p5e-3/step_00000120").mkdir(parents=True)
+    if mark is not None:
+        (folder / "requeued").write_text(mark)
+    hook.job("77", "COMPLETING", restarts=restarts)
+    (hook.root / "healthy").touch()
+    assert hook.run().returncode == 0
+    assert folder.exists() == kept
+
+
+def test_leftover_snapshots_go_once_their_job_is_neither_pending_nor_running_here(hook):
+    """Folders of other jobs (a requeued job cancelled while pending, or restarted on other nodes) are removed at the
+    node's next prolog or epilog, so node memory never leaks; a pending job's and one running here stay."""
+    shm = hook.root / "shm/llm-snapshots-model1-1000"
+    states = {"81": ("PENDING", "(null)"), "82": ("RUNNING", "gpu-st-p5e-1,gpu-st-p5e-3"), "83": ("RUNNING", "gpu-st-p5e-9"),
+              "84": ("COMPLETED", "gpu-st-p5e-3"), "85": ("CANCELLED", "(null)")}
+    for job, (state, nodes) in states.items():
+        (shm / f"job_{job}").mkdir(parents=True)
+        hook.job(job, state, nodes=nodes)
+    (shm / "job_86").mkdir()  # gone from Slurm altogether
+    (hook.root / "healthy").touch()
+    assert hook.run(context="prolog", job="90").returncode == 0
+    assert sorted(p.name for p in shm.iterdir()) == ["job_81", "job_82"]

@@ -161,3 +161,32 @@ def test_with_no_spare_free_the_run_goes_on_with_fewer_nodes_keeping_its_global_
     action, message = decide(tmp_path, relaunches=3, nodes_up=2, train_nodes=4,
                              fewer=lambda up: recovery.fewer_nodes(cfg, up, 8, min_nodes=3))
     assert action == "requeue" and "not going on with fewer: the global batch 1024 divides on none of 3 to 2" in message
+
+
+def test_a_second_failure_on_fewer_nodes_goes_on_with_fewer_still_down_to_min_nodes_then_requeues(tmp_path, job,
+                                                                                                  monkeypatch):
+    """While the run trains on fewer nodes (jobs/train.sh passes their count as --train-nodes), another node lost
+    takes it to fewer still where models.<m>.min_nodes allows, each a relaunch of the allocation's budget; below
+    min_nodes, the job requeues (and waits for nodes)."""
+    from training.config import load_config
+
+    monkeypatch.setenv("FSX_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("FSX_LOGS", str(tmp_path / "logs"))
+    # 4 nodes x 1 GPU, global batch 32, micro-batch 4: 3 nodes divide it with no micro-batch, 2 and 1 do.
+    cfg = load_config(None, ["train.global_batch_size=32", "train.micro_batch_size=4", "data.path=/data"])
+
+    def fewer(min_nodes):
+        return lambda up: recovery.fewer_nodes(cfg, up, 1, min_nodes=min_nodes)
+
+    assert decide(tmp_path, budget=5, relaunches=3, nodes_up=3, train_nodes=4, fewer=fewer(1))[0] == "fewer 2 4"
+    action, message = decide(tmp_path, budget=5, relaunches=3, nodes_up=1, train_nodes=2, fewer=fewer(1))
+    assert action == "fewer 1 4" and "going on with 1 of the 2 nodes in the same job (relaunch 2 of 3)" in message
+    assert events(tmp_path)[-1] | {"train_nodes": 1, "fewer_than": 2, "relaunch": 2} == events(tmp_path)[-1]
+    # The same second failure where min_nodes is 2: no fewer nodes allowed, a requeue.
+    other = tmp_path / "other"
+    assert decide(other, budget=5, relaunches=3, nodes_up=3, train_nodes=4, fewer=fewer(2))[0] == "fewer 2 4"
+    action, message = decide(other, budget=5, relaunches=3, nodes_up=1, train_nodes=2, fewer=fewer(2))
+    assert action == "requeue" and "1 healthy nodes in the allocation, training needs 2" in message
+    assert "divides on none of 2 to 1" in message
+    # A rank failing on a live node while on fewer nodes: relaunched on the same ones, still fewer.
+    assert decide(tmp_path, budget=5, relaunches=3, nodes_up=1, train_nodes=1, fewer=fewer(1))[0] == "relaunch"

@@ -27,7 +27,11 @@ that wrote it, each rank loads its own file; on another (a relaunch on fewer nod
 again), each rank fetches the files of the old ranks whose chunks hold its new shards and cuts them out
 (training/checkpoints/reshard.py), and takes old rank 0's loader position, as a resume from the file
 system on another world size does. The files go with the job: the run removes them when it ends cleanly,
-and the node's epilog (node_scripts/slurm_health_hook.sh) when the job ends.
+and the node's epilog (node_scripts/slurm_health_hook.sh) when the job ends; except across the job's planned
+requeue that grows a run on fewer nodes back to its whole allocation (``hold``): that stop keeps the state here
+instead of saving it to the file system, and marks each node's job folder (``requeued``, with the restart count of
+the run that wrote it) for the epilog to keep while Slurm requeues the job. The requeued run loads it on the whole
+allocation, the returning node's ranks fetching their shards over the network, and removes the mark.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from atomic_file import write_atomic
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -57,6 +62,14 @@ from training.parallel.distributed import Dist
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"step_(\d{8})")
 RANK_FILE = re.compile(r"rank_(\d{5})\.json")
+KEPT_MARK = "requeued"  # in job_<id>/: the epilog keeps the folder across the job's requeue (slurm_health_hook.sh)
+
+
+def planned_grow_stop() -> bool:
+    """This stop is the planned one that brings a run on fewer nodes back to all of them: jobs/train.sh creates
+    TRAIN_GROW_MARK before it signals the workers, and the stop then keeps the state in memory (``hold``)."""
+    mark = os.environ.get("TRAIN_GROW_MARK")
+    return bool(mark) and os.path.exists(mark)
 
 
 def node_name() -> str:
@@ -175,6 +188,8 @@ class Snapshots:
             own_folder(job_root(snapshot_dir, run_name))
             self.dir = job_root(snapshot_dir, run_name) / self.node
             self.dir.mkdir(exist_ok=True)
+            if nodes.index(self.node) == d.rank:  # this run has the folder now: the next end of the job removes it
+                (self.dir.parent / KEPT_MARK).unlink(missing_ok=True)
         except (Untrusted, OSError) as exc:
             problem = str(exc)
         problems: list = [None] * d.world_size  # off on every rank if off on any: the buddy copies pair up ranks
@@ -207,6 +222,26 @@ class Snapshots:
         copy, places = local_shards(state), reshard.meshes(state)
         self._pending = (self._writer.submit(self._write, step, copy, places), step)
         return time.perf_counter() - start
+
+    def hold(self, step: int, state: dict) -> bool:
+        """The planned stop before a requeue onto the whole allocation: a snapshot of ``step`` taken and waited
+        for; if it is whole on every node (own and buddy copies), each node's job folder is marked for the epilog to
+        keep across the requeue and True is returned on every rank; else False (save to the file system instead)."""
+        if not self.enabled:
+            return False
+        self.take(step, state)
+        self.wait()
+        whole = torch.tensor([1 if self.last_written == step else 0], dtype=torch.int32)
+        dist.all_reduce(whole, op=dist.ReduceOp.MIN, group=self.group)
+        if not whole.item():
+            return False
+        if self.nodes.index(self.node) == self.d.rank:
+            mark = self.dir.parent / KEPT_MARK
+            mark.write_text(f"{int(os.environ.get('SLURM_RESTART_COUNT', 0) or 0)}\n")
+        if self.d.is_main and os.environ.get("TRAIN_GROW_MARK"):  # the nodes holding it, for jobs/train.sh's requeue
+            write_atomic(Path(os.environ["TRAIN_GROW_MARK"]), " ".join(dict.fromkeys(self.nodes)) + "\n")
+        dist.barrier(group=self.group)
+        return True
 
     def poll(self) -> None:
         if self._pending and self._pending[0].done():

@@ -27,8 +27,10 @@ Classification of an ending:
     number of the healthy nodes, at least ``--min-nodes``, on which the global batch stays the same
     (``fewer_nodes``: the micro-batch lowered where that is what divides it; more micro-batches each step),
     resuming from the snapshots resharded to the smaller world. A global batch that divides on none of them
-    is refused with its reason, and the job requeues as before. The batch script grows back with a planned
-    stop and requeue once Slurm has nodes for the whole allocation again (``grow``).
+    is refused with its reason, and the job requeues as before. A failure while on fewer nodes is decided the
+    same way against the nodes it trains on (``--train-nodes``): fewer still, down to ``--min-nodes``, else a
+    requeue. The batch script grows back with a planned stop (the state kept in the nodes' memory) and requeue
+    once Slurm has nodes for the whole allocation again (``grow``).
     Either is one recovery of the retry budget: at most ``MAX_RECOVERIES`` (default 5) of this job
     within ``RECOVERY_WINDOW_HOURS`` (default 24); then give-up with a message, so a crash loop ends.
 The budget belongs to one job id (one run): a new submission, after a human looked, starts afresh.
