@@ -63,7 +63,7 @@ from cluster_config import megatron
 from cluster_config.hardware import Gpu, gpu_of, host_memory_gib
 from cluster_config.model_configs import SNAPSHOT_KEY, architecture, model_config, step_estimate, vocabulary
 from cluster_config.monitoring_cost import MonitoringCost, monitoring_cost
-from cluster_config.settings import GoodputSettings, ModelPlan, Settings, SettingsError
+from cluster_config.settings import PCLUSTER_VERSION, GoodputSettings, ModelPlan, Settings, SettingsError
 
 
 TIB = 2**40
@@ -764,8 +764,6 @@ def _format_step(plan: Plan) -> list[str]:
 def _format_goodput(plan: Plan) -> list[str]:
     if not plan.goodputs:
         return []
-    from cluster_config.render import PCLUSTER_VERSION  # (render imports capacity_end, which imports this module)
-
     a = plan.assume
     expedited, why = expedited_requeue(PCLUSTER_VERSION)
     lines = _format_snapshots(plan)

@@ -15,10 +15,8 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from cluster_config.capacity_end import capacity_end_digest
-from cluster_config.settings import CONFIG_PREFIX, Settings
+from cluster_config.settings import CONFIG_PREFIX, PCLUSTER_VERSION, Settings
 from cluster_config.slurm_timeouts import custom_slurm_settings
-
-PCLUSTER_VERSION = "3.16.1"  # the schema we validate against and the custom resource we deploy
 
 # Amazon Linux 2023: supported by ParallelCluster 3.16 (Amazon Linux 2 is gone from it), kernel 6.1
 # with current EFA and Lustre clients, and the OS ParallelCluster's own AMIs and examples lead with.

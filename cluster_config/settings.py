@@ -125,6 +125,7 @@ class NetworkSettings(_Strict):
         return values
 
 
+PCLUSTER_VERSION = "3.16.1"  # the schema we validate against and the custom resource we deploy (Slurm 25.11.8)
 # ParallelCluster 3.16.1's default for both bootstrap timeouts (pcluster/constants.py
 # NODE_BOOTSTRAP_TIMEOUT); a shorter one only makes slow bootstraps fail sooner.
 PCLUSTER_BOOTSTRAP_TIMEOUT_S = 2100
