@@ -241,7 +241,9 @@ class Config(_Section):
             raise ValueError(f"train.peer_timeout_s {self.train.peer_timeout_s:g}: a beat every sixth of it would "
                              f"load the job's store for nothing (a lost node costs a minute to relaunch); use at least "
                              f"1 s (30 s in prod), or 0 to turn the heartbeats off")
-        if self.train.peer_timeout_s > self.train.timeout_s:
+        # Only a peer timeout asked for is refused: one left at its default is simply off under a shorter collective
+        # timeout (training/resilience/heartbeat.py start), which finds a lost node as soon.
+        if "peer_timeout_s" in self.train.model_fields_set and self.train.peer_timeout_s > self.train.timeout_s:
             raise ValueError(f"train.peer_timeout_s {self.train.peer_timeout_s:g} is above train.timeout_s "
                              f"{self.train.timeout_s}: the collective timeout would end the step first and the "
                              f"heartbeats would find a lost node no sooner; lower peer_timeout_s to at most "

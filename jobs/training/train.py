@@ -109,6 +109,7 @@ class Trainer:
                                          failure_file=os.environ.get("TRAIN_FAILURE_FILE"), on_gpu=d.on_gpu).start()
         # A node that stops answering (lost) ends the step within train.peer_timeout_s, not train.timeout_s.
         self.heartbeat = heartbeat.start(rank=d.rank, world_size=d.world_size, peer_timeout_s=cfg.train.peer_timeout_s,
+                                         collective_timeout_s=cfg.train.timeout_s,
                                          failure_file=os.environ.get("TRAIN_FAILURE_FILE"))
         if d.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))

@@ -200,10 +200,17 @@ def test_beats_go_on_through_long_calls_and_cost_one_store_round_trip(capsys):
     assert all(gap < took / 2 for took, gap in (gaps["matmul"], gaps["sleep"])) and not fired, gaps
 
 
-def test_a_peer_timeout_the_collective_timeout_would_beat_is_refused_naming_the_fix():
+def test_a_peer_timeout_the_collective_timeout_would_beat_is_refused_naming_the_fix(monkeypatch):
     with pytest.raises(ConfigError, match=r"train.peer_timeout_s 120 is above train.timeout_s 100: .* lower "
                                           r"peer_timeout_s to at most 100, or 0 to turn them off"):
         validate_config({"train": {"peer_timeout_s": 120}})
     with pytest.raises(ConfigError, match=r"train.peer_timeout_s 0.5: .* use at least 1 s"):
         validate_config({"train": {"peer_timeout_s": 0.5}})
     assert validate_config({"train": {"peer_timeout_s": 0}}).train.peer_timeout_s == 0  # off
+    # Left at its default under a shorter collective timeout: accepted, and the heartbeat stays off (that timeout
+    # finds a lost node as soon).
+    assert validate_config({"train": {"timeout_s": 5}}).train.peer_timeout_s == 30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 nodes of 2: only the timeouts keep it off
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")  # nothing listens: a heartbeat started would fail to connect
+    assert heartbeat.start(rank=0, world_size=4, peer_timeout_s=30, collective_timeout_s=5) is None

@@ -156,12 +156,18 @@ class Heartbeat:
         self._exit(EXIT_NODE_LOST)
 
 
-def start(*, rank: int, world_size: int, peer_timeout_s: float, failure_file: str | None = None) -> Heartbeat | None:
+def start(*, rank: int, world_size: int, peer_timeout_s: float, collective_timeout_s: float | None = None,
+          failure_file: str | None = None) -> Heartbeat | None:
     """This rank's heartbeat, started, from torchrun's environment (GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and the
-    store's MASTER_ADDR:MASTER_PORT); None when off (``peer_timeout_s`` 0) or when one node trains."""
+    store's MASTER_ADDR:MASTER_PORT); None when off (``peer_timeout_s`` 0), when one node trains, or when the
+    collectives' own timeout (``train.timeout_s``) is no longer: it finds a lost node as soon."""
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     nodes = world_size // per_node if per_node else 1
     if not peer_timeout_s or nodes < 2:
+        return None
+    if collective_timeout_s is not None and collective_timeout_s <= peer_timeout_s:
+        log.info("peer heartbeats off: train.timeout_s %g finds a lost node no later than train.peer_timeout_s %g",
+                 collective_timeout_s, peer_timeout_s)
         return None
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 
