@@ -23,6 +23,7 @@ import pytest
 
 from local_cluster import demo_data
 from local_cluster.client import controller_address, job_folders, wait_for
+from local_cluster.cpu_limit import CpuLimit
 from local_cluster.training_job import TrainingJob
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
@@ -120,9 +121,15 @@ def test_nothing_runs_into_the_capacity_end_and_every_model_saves_and_is_backed_
         print(f"model job {job.id}: started with TimeLimit={limit} (asked 00:10:00), {resv_start - began:.0f} s before the reservation")
         assert limit != "00:10:00" and local_epoch(first["EndTime"]) <= resv_start
 
-        # USR1, the save, STATUS stopped, the planned requeue: pending again, on the reservation.
+        # USR1, the save, STATUS stopped, the planned requeue: pending again, on the reservation. Until USR1 the
+        # worker trains for minutes, held to a tenth of a CPU, as its pace is not the subject (a step takes seconds,
+        # the save too, well within the minute USR1 leaves before the limit); its exit runs at full speed.
+        job.wait_until("the trainer's start", lambda records: any(r.get("event") == "start" for r in records), 120)
+        with CpuLimit(job.worker_pids(), 0.1):
+            job.wait_until("the stop on USR1", lambda records: any(r.get("event") == "stopped" for r in records),
+                           AHEAD_S + 60)
         requeued = wait_for("the planned requeue", lambda: (r := record(job.id))["JobState"] == "PENDING"
-                            and int(r["Restarts"]) >= 1 and r, AHEAD_S + 60)
+                            and int(r["Restarts"]) >= 1 and r, 120)
         stopped_at = time.time()
         assert (job.checkpoint_dir / "STATUS").read_text() == "stopped\n"
         [stop] = job.events("stopped")

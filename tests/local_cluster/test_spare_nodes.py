@@ -31,7 +31,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster]
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "node_scripts" / "slurm_health_hook.sh"
 NODES = ("node2", "node3")  # model2's share (1) + 1 spare
-RUN = ("train.steps=400", "checkpoint.every=10", "log.interval=1", "train.watchdog_floor_s=8")
+# Long enough to be training still at both faults (each comes a few steps after the test sees a step: by step
+# 25 or so), short enough that the finish after the release is a few seconds, not minutes, of a CPU.
+RUN = ("train.steps=60", "checkpoint.every=10", "log.interval=1", "train.watchdog_floor_s=8")
 
 
 def slurm(*args: str) -> str:

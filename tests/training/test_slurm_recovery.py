@@ -40,10 +40,10 @@ def cluster(slurm_cluster):
     subprocess.run(["scancel", *[j.id for j in SUBMITTED if j.id]], check=False)
 
 
-def submit(cluster, name: str, *overrides: str, **env: str) -> TrainingJob:
+def submit(cluster, name: str, *overrides: str, options: tuple[str, ...] = (), **env: str) -> TrainingJob:
     job = TrainingJob(cluster, name)
     SUBMITTED.append(job)
-    return job.submit(*RUN, *WATCHDOG, *overrides, **{"MAX_RELAUNCHES": "0", **env})
+    return job.submit(*RUN, *WATCHDOG, *overrides, options=options, **{"MAX_RELAUNCHES": "0", **env})
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,8 @@ def test_crash_loop_stops_after_the_retry_budget(cluster):
 
 
 def test_config_error_exits_2_and_is_not_requeued(cluster):
-    job = submit(cluster, "configerror", "train.steps=many")
+    # One node: every rank refuses the config at its start, whatever the allocation (two would start twice as many).
+    job = submit(cluster, "configerror", "train.steps=many", options=("--nodes=1",))
     assert job.wait() == ("FAILED", 2)
     assert job.record()["Restarts"] == "0"
     out = job.output()

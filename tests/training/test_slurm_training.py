@@ -25,9 +25,13 @@ from local_cluster.training_job import worker_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
 
-# 40 steps of the tiny config on 2 nodes; every step logged, so runs compare step by step.
-OVERRIDES = ("--config", "jobs/training/configs/tiny.yaml", "train.steps=40", "checkpoint.every=10",
-             "log.interval=1", "optim.warmup_steps=5")
+# 24 steps of the tiny config on 2 nodes; every step logged, so runs compare step by step. Enough for the
+# interrupted run: USR1 after step 8 (it stops a step or two later), a rank killed 6 steps after the resume,
+# the relaunch from the step-10 or step-20 checkpoint, and steps after it. The killed rank's peer may wait in
+# its collective (gloo does not always see a peer vanish) until the watchdog's floor: 8 s, not the preset's 30.
+STEPS = 24
+OVERRIDES = ("--config", "jobs/training/configs/tiny.yaml", f"train.steps={STEPS}", "checkpoint.every=10",
+             "log.interval=1", "optim.warmup_steps=5", "train.watchdog_floor_s=8")
 OPTIONS = ["--nodes=2", "--gpus-per-node=0"]  # the local nodes have CPUs only
 
 
@@ -140,8 +144,8 @@ def uninterrupted(slurm_cluster, fsx, s3, fake_gpu_bin) -> Job:
 
 def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     losses = uninterrupted.losses()
-    assert sorted(losses) == list(range(1, 41))
-    first, last = losses[1][0], losses[40][0]
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    first, last = losses[1][0], losses[STEPS][0]
     assert last < first - 1.0, (first, last)
     out = uninterrupted.output()
     assert "model1 on 2 nodes x 1 workers" in out  # one per (stand-in) GPU
@@ -154,7 +158,7 @@ def test_sbatch_trains_on_two_nodes_to_a_falling_loss(uninterrupted):
     assert "status complete" in out
     # Where README and docs/training.md tell the user to watch: progress in .err, the job's own lines in .out.
     err, stdout = uninterrupted.log("err"), uninterrupted.log("out")
-    assert "step 40/40 (elapsed " in err and "step 40/40" not in stdout
+    assert f"step {STEPS}/{STEPS} (elapsed " in err and f"step {STEPS}/{STEPS}" not in stdout
     assert "model1 on 2 nodes" in stdout and "training ended: srun exit 0, status complete" in stdout
     assert (uninterrupted.host_root / "checkpoints/model1/STATUS").read_text() == "complete\n"
 
@@ -196,15 +200,15 @@ def test_final_checkpoint_is_backed_up_by_a_cpu_job_after_training_and_verified(
     assert (record["Partition"], record["NumNodes"], record["JobName"]) == ("cpu", "1", "backup-model1")
     assert record["StartTime"] >= training["EndTime"], (record["StartTime"], training["EndTime"])
     assert "backed up and verified" not in uninterrupted.output()
-    local = uninterrupted.host_root / "checkpoints/model1/step_00000040"
+    local = uninterrupted.host_root / f"checkpoints/model1/step_{STEPS:08d}"
     logs = [p for p in (uninterrupted.host_root / "logs/model1").rglob("*") if p.is_file()]
     n = len(list(local.iterdir())) + len(logs)
     assert f"backed up and verified {n} files ({n} uploaded, 0 already in S3)" in backup_log.read_text()
     keys = {o["Key"] for o in client.list_objects_v2(Bucket="checkpoints-test", Prefix="runs/model1/")["Contents"]}
     step_keys = {k for k in keys if k.startswith("runs/model1/step_")}
-    assert step_keys == {f"runs/model1/step_00000040/{f.name}" for f in local.iterdir()}
+    assert step_keys == {f"runs/model1/step_{STEPS:08d}/{f.name}" for f in local.iterdir()}
     # Metrics and the training job's logs are kept as of the step, then the step is marked verified.
-    assert {"runs/model1/verified/step_00000040", "runs/model1/logs/step_00000040/metrics.jsonl"} <= keys
+    assert {f"runs/model1/verified/step_{STEPS:08d}", f"runs/model1/logs/step_{STEPS:08d}/metrics.jsonl"} <= keys
 
     # Submitted again by hand (as after an interruption): it checks everything and sends nothing.
     rerun = slurm_cluster.sbatch("jobs/backup.sh", "model1", env=uninterrupted.env, user="model1",
