@@ -35,8 +35,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from cli import ArgumentParser
-from data_pipeline.loader import DatasetError, check_compatible, read_dataset_meta
-from data_pipeline.shards import token_dtype_name
+from data_pipeline.shards import DatasetError, check_compatible, read_dataset_meta, token_dtype_name
 from data_pipeline.tokenizer import TokenizerError, load_tokenizer
 from training.config import Config, ConfigError, cluster_models, load_config, model_config_file
 from training.models.architecture import released_weights_problem

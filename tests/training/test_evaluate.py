@@ -6,19 +6,32 @@ import math
 import os
 import signal
 
-from conftest import SHORT
+import pytest
+from conftest import SHORT, Run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 EVAL = (*SHORT, "eval.every=4")
 
 
+def val_records(run) -> list[dict]:
+    return [r for r in run.records() if "val_loss" in r]
+
+
 def val_losses(run) -> dict[int, float]:
-    return {r["step"]: r["val_loss"] for r in run.records() if "val_loss" in r}
+    return {r["step"]: r["val_loss"] for r in val_records(run)}
 
 
-def test_validation_loss_is_logged_and_does_not_change_training(run, tiny_data, reference_losses):
+@pytest.fixture(scope="module")
+def evaluated(tiny_data, tmp_path_factory) -> Run:
+    """An uninterrupted 2-process DDP run of EVAL: what the resumed and the tensor-parallel runs are held to."""
+    run = Run(tmp_path_factory.mktemp("eval-reference"))
     assert run.run(tiny_data, *EVAL) == 0, run.output[-4000:]
-    records = [r for r in run.records() if "val_loss" in r]
+    return run
+
+
+def test_validation_loss_is_logged_and_does_not_change_training(evaluated, reference_losses):
+    run = evaluated
+    records = val_records(run)
     assert [r["step"] for r in records] == [4, 8, 12, 16]
     for r in records:
         assert r["perplexity"] == math.exp(r["val_loss"])
@@ -31,12 +44,7 @@ def test_validation_loss_is_logged_and_does_not_change_training(run, tiny_data, 
     assert [e.step for e in tensorboard.Scalars("val/val_loss")] == [4, 8, 12, 16]
 
 
-def test_validation_loss_resumes_exactly(run, tiny_data, tmp_path_factory):
-    from conftest import Run
-
-    reference = Run(tmp_path_factory.mktemp("eval-reference"))
-    assert reference.run(tiny_data, *EVAL) == 0, reference.output[-4000:]
-
+def test_validation_loss_resumes_exactly(run, tiny_data, evaluated):
     run.start(tiny_data, *EVAL)
     run.wait_for_step(6)
     for pid in run.worker_pids():
@@ -45,7 +53,7 @@ def test_validation_loss_resumes_exactly(run, tiny_data, tmp_path_factory):
     assert run.status() == "stopped" and max(run.losses()) < 16
     assert run.run(tiny_data, *EVAL) == 0, run.output[-4000:]
     assert "resumed from" in run.output
-    assert val_losses(run) == val_losses(reference)
+    assert val_losses(run) == val_losses(evaluated)
 
 
 def test_evaluation_without_a_validation_split_fails_naming_the_fix(run, tiny_data, tmp_path):
@@ -54,16 +62,11 @@ def test_evaluation_without_a_validation_split_fails_naming_the_fix(run, tiny_da
     assert "Tokenize with --val-fraction" in run.output
 
 
-def test_tensor_parallel_ranks_score_their_tokens_once(tiny_data, tmp_path_factory):
-    """The 2 ranks of one tensor-parallel copy read the same validation batches: counted once, same loss as FSDP."""
-    from conftest import Run
-
-    runs = {}
-    for name, layout in (("fsdp", ()), ("tp", ("train.tensor_parallel=2",))):
-        runs[name] = Run(tmp_path_factory.mktemp(f"eval-{name}"))
-        code = runs[name].run(tiny_data, *EVAL, "train.parallelism=fsdp", *layout)
-        assert code == 0, runs[name].output[-4000:]
-    fsdp, tp = ([r for r in runs[n].records() if "val_loss" in r] for n in ("fsdp", "tp"))
-    assert [r["val_tokens"] for r in tp] == [r["val_tokens"] for r in fsdp] == [2 * 8 * 128 * 2] * 4
-    for a, b in zip(tp, fsdp):
+def test_tensor_parallel_ranks_score_their_tokens_once(run, tiny_data, evaluated):
+    """The 2 ranks of one tensor-parallel copy read the same validation batches: counted once, the same loss as
+    2 DDP ranks, each a copy of its own, scoring half of them each."""
+    assert run.run(tiny_data, *EVAL, "train.parallelism=fsdp", "train.tensor_parallel=2") == 0, run.output[-4000:]
+    tp, ddp = (val_records(r) for r in (run, evaluated))
+    assert [r["val_tokens"] for r in tp] == [r["val_tokens"] for r in ddp] == [2 * 8 * 128 * 2] * 4
+    for a, b in zip(tp, ddp):
         assert math.isclose(a["val_loss"], b["val_loss"], rel_tol=2e-4), (a, b)

@@ -6,7 +6,6 @@ peak memory of the streaming export."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -100,15 +99,12 @@ def test_bfloat16_export_is_within_bf16_tolerance(trained, tiny_data, tmp_path):
         assert torch.equal(tensor, trained_weights[name].to(torch.bfloat16)), name
 
 
-def test_cli_refuses_a_folder_without_a_checkpoint(tiny_data, tmp_path):
-    """The command itself, once (a fresh interpreter: seconds of imports), not per layout."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "OMP_NUM_THREADS": "1"}
+def test_cli_refuses_a_folder_without_a_checkpoint(tiny_data, tmp_path, capsys):
+    """The command's main, once, not per layout (``python -m training.export_hf`` runs it: tests/test_cli.py)."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = subprocess.run([sys.executable, "-m", "training.export_hf", str(empty), "--out", str(tmp_path / "out"),
-                             "--dataset", str(tiny_data)], env=env, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert f"{empty} has no 'latest' file: no complete checkpoint to export" in result.stderr
+    assert main([str(empty), "--out", str(tmp_path / "out"), "--dataset", str(tiny_data)]) == 2
+    assert f"error: {empty} has no 'latest' file: no complete checkpoint to export" in capsys.readouterr().err
 
 
 def test_export_refuses_a_wrong_tokenizer_and_an_incomplete_step(trained, tiny_data, tmp_path):

@@ -94,17 +94,29 @@ def test_checkpoint_of_one_layout_resumes_under_another(layouts, tiny_data, tmp_
     assert_close(losses(run), expected)
 
 
+@pytest.fixture(scope="module")
+def fsdp_on_two(layouts, tiny_data, tmp_path_factory) -> Run:
+    """FSDP's checkpoint of step 4 (4 ranks) resumed on 2 ranks, which save at every step from there."""
+    run = resume_from(tmp_path_factory.mktemp("fsdp_on_two"), "resumed", layouts["fsdp"], 4)
+    assert run.run(tiny_data, *STEPS, *FSDP, "checkpoint.every=1", "checkpoint.keep=4", nproc=2) == 0, \
+        run.output[-4000:]
+    return run
+
+
 @pytest.mark.parametrize("before, after", [(2, 4), (4, 2)])
-def test_resume_on_another_world_size_reshards_and_continues_the_data(layouts, tiny_data, tmp_path, before, after):
-    """FSDP2 on ``before`` ranks to step 4, then ``after`` ranks: the same losses as staying on ``before``."""
-    full = layouts["fsdp"]
-    if before != 4:
-        full = Run(tmp_path / "full")
-        assert full.run(tiny_data, *STEPS, *FSDP, nproc=before) == 0, full.output[-4000:]
-    run = resume_from(tmp_path, "resumed", full, 4)
-    assert run.run(tiny_data, *STEPS, *FSDP, nproc=after) == 0, run.output[-4000:]
+def test_resume_on_another_world_size_reshards_and_continues_the_data(layouts, fsdp_on_two, tiny_data, tmp_path,
+                                                                      before, after):
+    """FSDP2 on 4 ranks to step 4, then 2 ranks (``fsdp_on_two``); those 2 ranks' checkpoint of step 5 then resumed
+    on 4 ranks: the same losses as staying on ``before`` ranks."""
+    if before == 4:
+        full, run, at = layouts["fsdp"], fsdp_on_two, 4
+    else:
+        full, at = fsdp_on_two, 5
+        run = resume_from(tmp_path, "resumed", full, at)
+        assert run.run(tiny_data, *STEPS, *FSDP, nproc=after) == 0, run.output[-4000:]
     assert f"resuming on {after} ranks from a checkpoint of {before} ranks" in run.output
-    expected = {s: v for s, v in losses(full).items() if s > 4}
+    expected = {s: v for s, v in losses(full).items() if s > at}
+    assert sorted(expected) == list(range(at + 1, 9))
     assert_close(losses(run), expected)
 
 
