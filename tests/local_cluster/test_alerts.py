@@ -10,10 +10,12 @@ are followed to pending always: ModelBehindPlan and TrainingPendingTooLong wait 
 lasts only until the median of the last 20 metric lines has caught up with it (LossSpike waits 5).
 
 The drills run side by side where they do not interfere (three nodes, two cores); each model's in turn:
-  model1 on node1+2   killed at every start (TrainingCrashLooping); left to recover; then its whole
-                      trainer stopped with SIGSTOP (TrainingStalled) and let go; its checkpoint folder
-                      full as its nodes see it (CheckpointStale) and freed; its rank on node2 held to
-                      10 % of a CPU (TrainingStraggler, naming node2) and let go; resubmitted with the
+  model1 on node1+2   killed at every start (TrainingCrashLooping); left to recover, each rank held to
+                      a quarter of a CPU from its first step (the next drills need its steps and saves,
+                      not its speed); then its whole trainer stopped with SIGSTOP (TrainingStalled) and
+                      let go; its checkpoint folder full as its nodes see it (CheckpointStale) and freed;
+                      its rank on node2 held to 10 % of a CPU, the other at full speed again
+                      (TrainingStraggler, naming node2) and let go; resubmitted with the
                       steps that take 30 % of dev's one-day deadline and slowed tenfold (ModelBehindPlan)
   model2 on node3     killed twice with MAX_RECOVERIES=1 (TrainingFailed); submitted again; resumed with
                       a learning rate that overflows (LossNotFinite), restarted from scratch; resumed
@@ -51,6 +53,7 @@ from local_cluster.alert_drills import (BASE, DETECT_S, FSX, MODEL_NODES, Killer
                                         fill_checkpoints, free_checkpoints, gone, move_model_aside, notified,
                                         pending, prometheus_alerts, rule_waits, signal_all, slurm_activity,
                                         wait_for)
+from local_cluster.client import hostnames
 from local_cluster.cpu_limit import CpuLimit
 from local_cluster.training_job import worker_pids
 
@@ -61,6 +64,8 @@ FULL = os.environ.get("LOCAL_ALERTS_FULL") == "1"
 STALL_FLOOR_S = 30  # dev's alerts.stall_floor_s
 FOR_S = rule_waits()
 WAIT_S = 1500 if FULL else 900  # the longest any drill may take, waits included
+CHECKPOINT_EVERY = 5  # model1's checkpoint.every (dev's: 20): CheckpointStale holds after two intervals and one more
+METRICS_CPU = 0.25  # of a CPU for each of model1's ranks while a drill needs its metrics, not its speed
 TIMEOUT = pytest.mark.timeout(WAIT_S + 300)
 
 
@@ -129,13 +134,15 @@ def in_turn(results: dict[str, Future], drills) -> None:
 
 def model1_drills(cluster, saved: Path, results: dict[str, Future]) -> None:
     job = ModelJob(cluster, "model1")
+    quotas: list[CpuLimit] = []
     try:
-        in_turn(results, [("TrainingCrashLooping", lambda: crash_loop(job)),
+        in_turn(results, [("TrainingCrashLooping", lambda: crash_loop(job, quotas)),
                           ("TrainingStalled", lambda: stall(job)),
                           ("CheckpointStale", lambda: checkpoints_stop_landing(job)),
-                          ("TrainingStraggler", lambda: straggling(job)),
+                          ("TrainingStraggler", lambda: straggling(job, quotas)),
                           ("ModelBehindPlan", lambda: crawling(job))])
     finally:
+        lift(quotas)
         job.finish(saved)
 
 
@@ -150,13 +157,16 @@ def model2_drills(cluster, saved: Path, results: dict[str, Future]) -> None:
         job.finish(saved)
 
 
-def crash_loop(job: ModelJob) -> list[Timing]:
-    job.submit("train.steps=3000", MAX_RECOVERIES="20")
+def crash_loop(job: ModelJob, quotas: list[CpuLimit]) -> list[Timing]:
+    job.submit("train.steps=3000", f"checkpoint.every={CHECKPOINT_EVERY}", MAX_RECOVERIES="20")
     labels = {"model": "model1"}
     with Killer(job) as killer:
         first = killer.wait_kills(1, 120)
         firing = notified("TrainingCrashLooping", labels, "firing", first, 3 * DETECT_S + FOR_S["TrainingCrashLooping"])
     stopped = time.time()  # the next start trains
+    wait_for("model1's first step after the crash loop", lambda: True if job.steps_since(stopped) >= 1 else None,
+             120, 0.5)
+    quotas += hold_to(job, METRICS_CPU)  # the step has made the alert's expression false; what follows needs no speed
     resolved = notified("TrainingCrashLooping", labels, "resolved", stopped, 2 * DETECT_S, firing["startsAt"])
     starts = sum(1 for r in job.records() if r.get("event") == "launch")
     return [Timing("TrainingCrashLooping", labels, f"model1's workers killed at each of its first {starts} starts",
@@ -174,22 +184,40 @@ def stall(job: ModelJob) -> list[Timing]:
     return drill.run(lambda: signal_all(tree, signal.SIGSTOP), lambda: signal_all(tree, signal.SIGCONT))
 
 
+def hold_to(job: ModelJob, fraction: float) -> list[CpuLimit]:
+    """Each node's ranks of the job held to ``fraction`` of a CPU, a cgroup each: alike, neither the slower.
+    None where there is no cgroup: CpuLimit's SIGSTOP duty cycle would undo the stall drill's SIGSTOP."""
+    quotas = [CpuLimit(worker_pids(job.id, node=node), fraction).start() for node in hostnames(MODEL_NODES[job.model])]
+    if not all(quota.how.startswith("cgroup") for quota in quotas):
+        lift(quotas)
+    return quotas
+
+
+def lift(quotas: list[CpuLimit]) -> None:
+    while quotas:
+        quotas.pop().stop()
+
+
 def checkpoints_stop_landing(job: ModelJob) -> list[Timing]:
-    """The trainer skips a periodic save that does not fit (and goes on training): `latest` grows old."""
+    """The trainer skips a periodic save that does not fit (and goes on training): `latest` grows old. The
+    rule counts checkpoint intervals in the job's own step time: held to METRICS_CPU since the crash loop,
+    it is the same step time throughout."""
     since = time.time()
     wait_for("model1 training after the stall", lambda: True if job.steps_since(since) >= 5 else None, 120, 0.5)
     drill = Drill("model1's checkpoint folder full as its nodes see it (a full 1 MiB tmpfs over it on node1 "
                   "and node2): every periodic save skipped, training goes on", "unmounted: the next save lands",
                   {"CheckpointStale": {"model": "model1"}}, to_webhook=True,
-                  onset_s=3 * job.step_seconds() * 20)  # two intervals of checkpoint.every: 20, and one more
+                  onset_s=3 * job.step_seconds() * CHECKPOINT_EVERY)  # two intervals, and one more
     return drill.run(lambda: fill_checkpoints("model1"), lambda: free_checkpoints("model1"))
 
 
-def straggling(job: ModelJob) -> list[Timing]:
+def straggling(job: ModelJob, quotas: list[CpuLimit]) -> list[Timing]:
     """One rank far slower than the other, interval after interval: dev's recipe on CPUs reports a straggler
     (400 % over its peer for 3 log intervals: cluster_config/dev.yaml) without evicting it
-    (train.straggler_evict), and the alert names its model, rank and node."""
+    (train.straggler_evict), and the alert names its model, rank and node. The other rank at full speed:
+    the gap is 10 x, not the 2.5 x a rank held to 10 % would have over one held to 25 %."""
     labels = {"model": "model1", "node": "node2"}
+    lift(quotas)
     since = time.time()
     wait_for("model1 training after the checkpoint drill", lambda: True if job.steps_since(since) >= 5 else None,
              120, 0.5)
