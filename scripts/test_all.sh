@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
-# make test: the whole suite as five pytest processes side by side. The local-cluster tests (marked
+# make test: the whole suite as four pytest processes side by side. The local-cluster tests (marked
 # slurm) mostly wait, on Slurm, Prometheus and simulations in compressed time; the others mostly
 # compute. Together, the waiting overlaps the computing. The local-cluster tests are split in two: those
 # marked any_cluster (Slurm and /fsx only) run on a second local cluster of their own (named "two", its
-# own network and ports), the rest (login, /opt/llm-jobs, monitoring) on the default one; the goodput
-# simulation, which brings up an 80-node cluster of its own and then mostly waits on its compressed days,
-# runs in a process of its own, so that its minutes overlap the others' instead of lengthening one. The tests
+# own network and ports), the rest (login, /opt/llm-jobs, monitoring) on the default one. The tests
 # without a cluster are split in two as well: tests/training/ (multi-process training on CPUs) and the
 # rest, so that both cores compute while the clusters wait; with pytest arguments (a folder, -k) they run
 # as one process. Those run at a lower CPU priority (nice 10), so the cluster's drills keep the timing
@@ -15,15 +13,12 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-.venv/bin/python}"
-default_log="$(mktemp)" second_log="$(mktemp)" training_log="$(mktemp)" simulation_log="$(mktemp)"
-trap 'rm -f "$default_log" "$second_log" "$training_log" "$simulation_log"' EXIT
+default_log="$(mktemp)" second_log="$(mktemp)" training_log="$(mktemp)"
+trap 'rm -f "$default_log" "$second_log" "$training_log"' EXIT
 # The second cluster (local_cluster/cluster.sh, LOCAL_CLUSTER_NAME): beside the default one (10.199.77,
 # ports from 16817) and the goodput simulation's (10.199.78, +100).
 SECOND=(LOCAL_CLUSTER_NAME=two LOCAL_CLUSTER_NET=10.199.79 LOCAL_CLUSTER_PORT_OFFSET=200
   "SLURM_CONF=$REPO/.local_cluster/two/slurm.conf")
-SIMULATION=tests/local_cluster/test_goodput_simulation.py  # its own cluster ("sim"): beside either
-second_args=("$@")
-(($# == 0)) && second_args=(--ignore="$SIMULATION")
 
 passed() {  # pytest's exit status, with "no test selected" (5) a pass: a selection may hold one part only
   [[ $1 == 0 || $1 == 5 ]]
@@ -38,14 +33,11 @@ busy0=$(busy_cpu_s)
 ( "$PY" -m pytest -m "slurm and not any_cluster" "$@"; status=$?
   echo "== the default cluster's tests took $((SECONDS - start)) s"; exit $status ) >"$default_log" 2>&1 &
 default_part=$!
-( env "${SECOND[@]}" "$PY" -m pytest -m "slurm and any_cluster" "${second_args[@]}"; status=$?
+( env "${SECOND[@]}" "$PY" -m pytest -m "slurm and any_cluster" "$@"; status=$?
   echo "== the second cluster's tests took $((SECONDS - start)) s"; exit $status ) >"$second_log" 2>&1 &
 second_part=$!
-training=0 simulation=0
+training=0
 if (($# == 0)); then
-  ( "$PY" -m pytest -m slurm "$SIMULATION"; status=$?
-    echo "== the goodput simulation took $((SECONDS - start)) s"; exit $status ) >"$simulation_log" 2>&1 &
-  simulation_part=$!
   ( nice -n 10 "$PY" -m pytest -m "not slurm" tests/training; status=$?
     echo "== the training tests without a cluster took $((SECONDS - start)) s"; exit $status ) >"$training_log" 2>&1 &
   training_part=$!
@@ -54,14 +46,9 @@ if (($# == 0)); then
   other_s=$((SECONDS - start))
   wait "$training_part"
   training=$?
-  wait "$simulation_part"
-  simulation=$?
   echo
   echo "== the training tests without a cluster (pytest -m 'not slurm' tests/training), run beside the others:"
   cat "$training_log"
-  echo
-  echo "== the goodput simulation on a cluster of its own (pytest $SIMULATION), run beside the others:"
-  cat "$simulation_log"
 else
   nice -n 10 "$PY" -m pytest -m "not slurm" "$@"
   other=$?
@@ -81,4 +68,4 @@ wall=$((SECONDS - start))
 echo "== the other tests without a cluster took $other_s s; make test took $wall s, in which the machine's $(nproc) CPUs were" \
   "busy $(awk -v b0="$busy0" -v b1="$(busy_cpu_s)" -v w="$wall" -v n="$(nproc)" \
   'BEGIN{printf "%.0f s (%.0f %% of %d s)", b1 - b0, 100 * (b1 - b0) / (w * n), w * n}')"
-passed "$other" && passed "$training" && passed "$simulation" && passed "$default" && passed "$second"
+passed "$other" && passed "$training" && passed "$default" && passed "$second"
