@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,121 +54,6 @@ def tiny_data(tmp_path_factory) -> Path:
 START_S = 90  # a forked launch logs its start within seconds, on a loaded machine too
 
 
-class Launched:
-    """A torchrun launcher forked by this session's launch server (fork_torchrun.py --serve), its output in
-    ``output`` (a file, or subprocess.PIPE: ``stdout``) with its stderr: what the tests use of subprocess.Popen."""
-
-    def __init__(self, args: list[str], env: dict, output, ignore: tuple[str, ...] = (), cwd: Path = REPO):
-        self.args, self.returncode, self.stdout, self._read = args, None, None, []
-        sock = socket.socket(socket.AF_UNIX)
-        for _ in range(50):  # the server binds, then listens
-            try:
-                sock.connect(_server())
-                break
-            except ConnectionRefusedError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("the launch server does not answer")
-        read, out = os.pipe() if output is subprocess.PIPE else (None, output.fileno())
-        with open(os.devnull) as devnull:
-            socket.send_fds(sock, [b"L"], [devnull.fileno(), out, out])
-        sock.sendall(json.dumps({"args": args, "env": env, "cwd": str(cwd), "ignore": list(ignore)}).encode())
-        sock.shutdown(socket.SHUT_WR)
-        if read is not None:
-            os.close(out)
-            self.stdout = open(read, encoding="utf-8", errors="replace")
-        self._sock, self._buffer = sock, b""
-        self.pid = int(self._line(None))
-
-    def _line(self, timeout: float | None) -> str | None:
-        """The server's next line (the launcher's pid, then its exit status); None at ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._sock], [], [], left)[0]:
-                return None
-            chunk = self._sock.recv(64)
-            if not chunk:
-                raise RuntimeError(f"the launch server ended before the launcher did (its log: {_SERVER[1]}.log)")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode()
-
-    def poll(self) -> int | None:
-        try:
-            return self.wait(0)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            line = self._line(timeout)
-            if line is None:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = int(line)
-            self._sock.close()
-        return self.returncode
-
-    def communicate(self, timeout: float | None = None) -> tuple[str | None, None]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        left = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
-        while self.stdout is not None and not self.stdout.closed:
-            if not select.select([self.stdout], [], [], left())[0]:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            chunk = os.read(self.stdout.fileno(), 1 << 16)
-            if chunk:
-                self._read.append(chunk)
-            else:
-                self.stdout.close()
-        try:
-            self.wait(left())
-        except subprocess.TimeoutExpired:
-            raise subprocess.TimeoutExpired(self.args, timeout) from None
-        return (b"".join(self._read).decode("utf-8", "replace") if self.stdout is not None else None), None
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-
-_SERVER: list = []  # this session's launch server: [process, socket path]
-
-
-def _server() -> str:
-    """The launch server's socket, the server started (imports: seconds) at the session's first launch."""
-    if not _SERVER or _SERVER[0].poll() is not None:
-        path = os.path.join(tempfile.mkdtemp(prefix="torchrun-"), "launch.sock")
-        env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "OMP_NUM_THREADS": "1"}
-        with open(path + ".log", "w") as log:
-            process = subprocess.Popen([*TORCHRUN, "--serve", path], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while not os.path.exists(path):
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"the launch server did not start:\n{Path(path + '.log').read_text()[-3000:]}")
-            time.sleep(0.1)
-        _SERVER[:] = [process, path]
-        atexit.register(_stop_server, process, path)
-    return _SERVER[1]
-
-
-def _stop_server(process: subprocess.Popen, path: str) -> None:
-    process.terminate()  # it ends once the launchers it forked have
-    try:
-        process.wait(120)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-
-
 @dataclass
 class Run:
     """One training launch: its directories and, once finished, its output."""
@@ -199,9 +80,11 @@ class Run:
         """Launch like the sbatch payload does: torchrun ignores SIGUSR1, only the workers handle it.
 
         ``program``: what torchrun runs, the trainer or a script wrapping it (``checkpoint_io.py``)."""
-        args = [f"--nproc-per-node={nproc}", "--standalone", *program, "--config", str(CONFIG), f"data.path={data}",
-                *overrides]
-        self.process = Launched(args, self.env(), subprocess.PIPE, ignore=("SIGUSR1",))
+        cmd = [*TORCHRUN, f"--nproc-per-node={nproc}", "--standalone", *program,
+               "--config", str(CONFIG), f"data.path={data}", *overrides]
+        self.process = subprocess.Popen(
+            cmd, env=self.env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
         return self
 
     def wait(self, timeout: float = 120) -> int:
@@ -277,12 +160,9 @@ def torchrun_script(script: Path, *args: str, nproc: int = 4, timeout: float = 1
                     ) -> tuple[int | None, str]:
     """Run ``script`` on ``nproc`` gloo processes: (exit code, None if it was stopped at ``timeout``; output)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "jobs"), "OMP_NUM_THREADS": "1"}
-    command = [f"--nproc-per-node={nproc}", "--standalone", str(script), *args]
-    if launcher is TORCHRUN:
-        process = Launched(command, env, subprocess.PIPE)
-    else:
-        process = subprocess.Popen([*launcher, *command], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen([*launcher, f"--nproc-per-node={nproc}", "--standalone", str(script), *args],
+                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
         return process.returncode, output

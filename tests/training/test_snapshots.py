@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIG, SHORT, Launched, Run, free_port
+from conftest import CONFIG, REPO, SHORT, TORCHRUN, Run, free_port
 from training.checkpoints.snapshot import Copy, buddies, plan_restore
 
 LAYOUT = {"preset": "tiny", "world_size": 2}
@@ -74,19 +74,19 @@ class TwoNodes:
 
     def __init__(self, run: Run, data: Path, shm: Path, *, nproc: int = 1, settings: tuple[str, ...] = SHORT):
         self.run, self.data, self.shm, self.nproc, self.settings = run, data, shm, nproc, settings
-        self.processes: list[Launched] = []
+        self.processes: list[subprocess.Popen] = []
         self.outputs: list[Path] = []
 
     def start(self, *nodes: str, extra: tuple[str, ...] = ()) -> None:
         port, self.processes, self.outputs = free_port(), [], []
         for node in nodes:
             out = self.run.root / f"launch-{len(self.run.records())}-{node}.txt"
-            args = [f"--nnodes={len(nodes)}", f"--nproc-per-node={self.nproc}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=snap{port}", "-m", "training.train",
-                    "--config", str(CONFIG), f"data.path={self.data}", *self.settings, "checkpoint.every=100",
-                    "checkpoint.snapshot_every=2", f"checkpoint.snapshot_dir={self.shm}", *extra]
-            with open(out, "w") as output:
-                self.processes.append(Launched(args, {**self.run.env(), "SLURMD_NODENAME": node}, output))
+            cmd = [*TORCHRUN, f"--nnodes={len(nodes)}", f"--nproc-per-node={self.nproc}", "--rdzv-backend=c10d",
+                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=snap{port}", "-m", "training.train",
+                   "--config", str(CONFIG), f"data.path={self.data}", *self.settings, "checkpoint.every=100",
+                   "checkpoint.snapshot_every=2", f"checkpoint.snapshot_dir={self.shm}", *extra]
+            self.processes.append(subprocess.Popen(cmd, env={**self.run.env(), "SLURMD_NODENAME": node}, cwd=REPO,
+                                                   stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True))
             self.outputs.append(out)
 
     def output(self) -> str:
