@@ -98,37 +98,39 @@ def kill_all(ranks) -> None:
         p.join()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["lost", "killed"])
-def test_the_others_exit_within_the_peer_timeout_naming_the_lost_node(tmp_path, sig):
+# The last beat read up to an interval after the fault, the silence by a read up to an interval late, and judged up
+# to an interval later.
+LIMIT_S = PEER_TIMEOUT_S + 3 * INTERVAL_S + SLACK_S
+
+
+def lose_node(tmp_path, node: int, sig: int) -> tuple[list, str]:
+    """Two nodes training; ``node`` stopped or killed: the other node's ranks' (exit code, seconds after the fault),
+    and the failure file's cause."""
     ranks, failure = launch(tmp_path, "train")
     try:
-        at = fault(ranks, 1, sig)
-        # the last beat read up to an interval after the fault, the silence by a read up to an interval late, and
-        # judged up to an interval later
-        limit = PEER_TIMEOUT_S + 3 * INTERVAL_S + SLACK_S
-        survivors = exits_after(ranks, 0, at, limit + 10)
+        at = fault(ranks, node, sig)
+        survivors = exits_after(ranks, 1 - node, at, LIMIT_S + 10)
     finally:
         kill_all(ranks)
+    return survivors, failure.read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["lost", "killed"])
+def test_the_others_exit_within_the_peer_timeout_naming_the_lost_node(tmp_path, sig):
+    survivors, cause = lose_node(tmp_path, 1, sig)
     print(f"\nnode 1 {signal.Signals(sig).name}: node 0's ranks exited (code, s after the fault) {survivors}")
     assert all(code == heartbeat.EXIT_NODE_LOST for code, _ in survivors), survivors
     # not sooner than the peer timeout after the last beat, which came at most an interval before the fault
-    assert all(PEER_TIMEOUT_S - INTERVAL_S <= seconds <= limit for _, seconds in survivors), survivors
-    cause = failure.read_text()
+    assert all(PEER_TIMEOUT_S - INTERVAL_S <= seconds <= LIMIT_S for _, seconds in survivors), survivors
     assert cause.startswith("node lost: node 0 (") and "node 1 (" in cause and "last heard" in cause, cause
 
 
 def test_a_lost_first_node_is_a_store_that_no_longer_answers(tmp_path):
-    ranks, failure = launch(tmp_path, "train")
-    try:
-        at = fault(ranks, 0, signal.SIGSTOP)  # rank 0 hosts the store, as torchrun's agent does on the first node
-        limit = PEER_TIMEOUT_S + 3 * INTERVAL_S + SLACK_S
-        survivors = exits_after(ranks, 1, at, limit + 10)
-    finally:
-        kill_all(ranks)
+    survivors, cause = lose_node(tmp_path, 0, signal.SIGSTOP)  # rank 0 hosts the store, as torchrun's agent does
     print(f"\nnode 0 SIGSTOP: node 1's ranks exited (code, s after the fault) {survivors}")
     assert all(code == heartbeat.EXIT_NODE_LOST for code, _ in survivors), survivors
-    assert all(seconds <= limit for _, seconds in survivors), survivors
-    assert "the job's store at 127.0.0.1:" in failure.read_text()
+    assert all(seconds <= LIMIT_S for _, seconds in survivors), survivors
+    assert "the job's store at 127.0.0.1:" in cause
 
 
 def test_a_slow_node_and_a_finished_one_are_not_lost(tmp_path):
@@ -182,8 +184,8 @@ def test_beats_go_on_through_long_calls_and_cost_one_store_round_trip(capsys):
         store.set(f"{heartbeat.PREFIX}/node{n}/host", f"node{n}")
         store.add(f"{heartbeat.PREFIX}/node{n}", 1)
     beat.start()
-    a, x = torch.randn(2000, 2000), torch.randn(16 * 2**20)  # 64 MB
-    calls = {"matmul": lambda: a @ a, "sleep": lambda: time.sleep(1),
+    a, x = torch.randn(2000, 2000), torch.randn(16 * 2**20)  # 64 MB; 8 matmuls: many intervals even on a fast CPU
+    calls = {"matmul": lambda: [a @ a for _ in range(8)], "sleep": lambda: time.sleep(1),
              "torch.save 64 MB to bytes": lambda: torch.save(x, io.BytesIO())}
     gaps = {name: longest_gap(beat, call) for name, call in calls.items()}
     cpu = time.thread_time()
