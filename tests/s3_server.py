@@ -28,7 +28,8 @@ def s3_server(host: str = "127.0.0.1") -> Iterator[str]:
     server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", host, "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
+        # Its imports take 2-3 s alone; a 2-core machine running the whole suite has taken over 20.
+        deadline = time.monotonic() + 90
         while True:
             try:
                 socket.create_connection((host, port), timeout=0.2).close()
