@@ -200,7 +200,8 @@ def model_result(model: ModelSim, record: RunRecord, calibration: Calibration) -
             g = predicted(model, record, calibration, f["kind"])
             left = g.rework_s + (t_end - f["time"]) * scale
             lost_given += min(g.lost_per_failure_s, left)
-            measured = min(g.rework_s + resume * scale, left) if resume is not None else min(g.lost_per_failure_s, left)
+            # not resumed by the end: down for the rest of the window, as measured (not the model's guess)
+            measured = min(g.rework_s + resume * scale, left) if resume is not None else left
         if at >= down_until:
             lost_resumed += measured
             down_until = at + resume if resume is not None else math.inf
