@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check
 ENV    ?= dev
 
-.PHONY: help deps deps-cdk deps-pcluster workstation demo test test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
+.PHONY: help deps deps-cdk deps-pcluster workstation demo test test-drills test-fast synth validate deploy destroy plan lint bench gpu-check cluster-up cluster-down cluster-status clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -97,12 +97,15 @@ cluster-status:  ## show whether it is up
 demo: deps  ## synth + validate every environment, then run the job payloads on the local cluster
 	scripts/demo.sh
 
-test: deps  ## run every test (the local-cluster tests beside the others: scripts/test_all.sh)
+test: deps  ## run every test but the drills, in under 25 minutes on 2 cores (the local-cluster tests beside the others: scripts/test_all.sh)
 	PY=$(PY) scripts/test_all.sh
+
+test-drills: deps  ## the long fault drills and whole-cluster rehearsals (tests marked drill; CI runs them after make test)
+	TEST_TIER=drills PY=$(PY) scripts/test_all.sh
 
 # No root: none of the Debian packages, the local cluster, the emulated account or ParallelCluster's venv.
 test-fast: $(VENV)/.installed .build/float8/.installed node_modules/.installed .build/pcluster/.installed  ## the inner loop: every test not marked slurm, slow or root (docs/testing.md)
-	$(PY) -m pytest -m "not slurm and not slow and not root"
+	$(PY) -m pytest -m "not slurm and not slow and not root and not drill"
 
 bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
 	$(PY) -m benchmarks.data_pipeline

@@ -106,7 +106,7 @@ def test_cdk_targets_install_only_the_cdk_side():
                 assert any(step in line for line in steps), (target, step)  # under a heading, timed
         plan = subprocess.run(["make", "-n", "test-fast"], cwd=tmp, capture_output=True, text=True, check=True).stdout
         assert "-r requirements-jobs.txt" in plan and "install_system_packages" not in plan, plan  # no root
-        assert '-m "not slurm and not slow and not root"' in plan, plan
+        assert '-m "not slurm and not slow and not root and not drill"' in plan, plan
 
 
 @pytest.mark.slow

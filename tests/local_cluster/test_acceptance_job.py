@@ -15,7 +15,7 @@ import pytest
 
 from local_cluster.client import CLUSTER_USER, as_user, submitted
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.drill]
 
 # The HSDP recipes differ only in widths, which the rehearsal replaces: one stands for them.
 RECIPES = "jobs/training/configs/llama2-7b.yaml jobs/training/configs/llama2-70b.yaml"

@@ -57,7 +57,7 @@ from local_cluster.client import hostnames
 from local_cluster.cpu_limit import CpuLimit
 from local_cluster.training_job import worker_pids
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.drill]
 
 TIMINGS = BASE / "log/alert_timings.json"
 FULL = os.environ.get("LOCAL_ALERTS_FULL") == "1"

@@ -27,7 +27,7 @@ from local_cluster.cpu_limit import CpuLimit
 from local_cluster.training_job import TrainingJob
 from tests.s3_server import FAKE_AWS_ENV, s3_server
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.drill]
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "node_scripts" / "slurm_capacity_end.sh"
 NODE = "node3"  # the test's only node: reserved, and the model job's

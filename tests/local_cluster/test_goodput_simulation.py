@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slurm
 @pytest.mark.any_cluster  # its own cluster ("sim"), beside whichever the session has
 @pytest.mark.slow
+@pytest.mark.drill
 def test_failed_jobs_requeue_keep_their_shares_and_match_the_goodput_model(tmp_path):
     reason = unsupported_reason()
     if reason:

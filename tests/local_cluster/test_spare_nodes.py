@@ -27,7 +27,7 @@ from local_cluster import demo_data
 from local_cluster.client import wait_for
 from local_cluster.training_job import TrainingJob, release_node
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.any_cluster, pytest.mark.drill]
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "node_scripts" / "slurm_health_hook.sh"
 NODES = ("node2", "node3")  # model2's share (1) + 1 spare

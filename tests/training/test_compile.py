@@ -10,6 +10,7 @@ STEPS = ("train.steps=6", "checkpoint.every=3", "log.interval=1", "optim.warmup_
 
 
 @pytest.mark.slow
+@pytest.mark.drill
 def test_compiled_layers_match_eager_and_resume_exactly(tiny_data, tmp_path):
     eager = Run(tmp_path / "eager")
     assert eager.run(tiny_data, *STEPS, "train.compile=false", nproc=1) == 0, eager.output[-4000:]

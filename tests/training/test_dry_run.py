@@ -72,7 +72,8 @@ def test_production_estimates_agree_with_the_analytic_model(production_reports):
     ["train.parallelism=fsdp", "train.micro_batch_size=8"],  # tiny: 4 micro-batches
     ["train.parallelism=ddp", "train.micro_batch_size=8"],
     ["train.parallelism=fsdp", *SMALL],
-    ["train.parallelism=fsdp", "train.activation_checkpointing=true", *SMALL],
+    pytest.param(["train.parallelism=fsdp", "train.activation_checkpointing=true", *SMALL],
+                 marks=pytest.mark.drill),  # 2 minutes: make test-drills
 ], ids=["tiny", "tiny-ddp", "small", "small-activation-checkpointing"])
 def test_cpu_estimate_is_within_15_percent_of_measured_memory(overrides):
     """The same config run for real on one CPU process (fp32), its allocator traced by the profiler."""

@@ -22,7 +22,7 @@ from benchmarks.false_eviction.drill import INTERVAL, INTERVALS, MARGIN, RANKS, 
 from local_cluster.cpu_limit import CpuLimit
 from local_cluster.training_job import release_node
 
-pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
+pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster, pytest.mark.drill]
 REPO = Path(__file__).resolve().parents[2]
 
 

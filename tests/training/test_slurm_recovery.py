@@ -92,6 +92,7 @@ def test_killed_worker_recovers_with_no_resubmission_on_its_first_code(cluster, 
     assert repeated_steps(job) <= EVERY  # at most one checkpoint interval
 
 
+@pytest.mark.drill
 def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference):
     # No evaluation: the first one has the start-up window (train.init_timeout_s, it compiles the layers in eval
     # mode), and a loaded machine let step 10's start before the stop landed: the watchdog's floor is the subject.
@@ -113,6 +114,7 @@ def test_stopped_worker_is_caught_by_the_watchdog_with_stacks(cluster, reference
     assert detected - stopped_at < WATCHDOG_FLOOR_S + 10, detected - stopped_at
 
 
+@pytest.mark.drill
 def test_node_failing_its_health_check_is_drained_and_the_run_moves(cluster, reference):
     # In-job relaunches allowed: the nodes' probe runs the health check (HEALTH_CONF, as the prolog), finds this
     # node failing it and, with no spare in the allocation, requeues instead of relaunching on it.
@@ -140,6 +142,7 @@ def test_node_failing_its_health_check_is_drained_and_the_run_moves(cluster, ref
         release_node(cluster, bad, "test cleanup")
 
 
+@pytest.mark.drill
 def test_crash_loop_stops_after_the_retry_budget(cluster):
     # The budget counts relaunches inside the job too: a rank that always dies ends the job after two of them.
     job = submit(cluster, "crashloop", MAX_RECOVERIES="2", MAX_RELAUNCHES="3")

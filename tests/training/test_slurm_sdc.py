@@ -18,7 +18,7 @@ import pytest
 
 from local_cluster.training_job import release_node
 
-pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster]
+pytestmark = [pytest.mark.slurm, pytest.mark.any_cluster, pytest.mark.drill]
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "tests/training/sdc_launcher.sh"
 
