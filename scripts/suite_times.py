@@ -42,13 +42,12 @@ def kind_of(record: dict) -> str:
     return next((kind for prefix, kind in KINDS if record["test"].startswith(prefix)), UNIT)
 
 
-TRAINING = "tests/training/"  # make test runs test_[a-r]* of these, outside the clusters, in a process of their own
-EARLIER_TRAINING = tuple(f"{TRAINING}test_{letter}" for letter in "abcdefghijklmnopqr")
+TRAINING = "tests/training/"  # make test runs these, outside the clusters, in a process of their own
 
 
 def part_name(cluster: str) -> str:
     if cluster == TRAINING:
-        return "tests/training/test_[a-r]* without a cluster"
+        return "tests/training/ without a cluster"
     if not cluster:
         return "the rest without a cluster"
     return "on the default cluster" if cluster == "default" else f"on the second cluster ({cluster})"
@@ -65,7 +64,7 @@ def tables(records: list[dict], files: int | None = None) -> str:
         by_file[r["test"].split("::")[0]][3] = kind_of(r)
     parts: dict[str, float] = defaultdict(float)
     for r in records:  # lines written before the second cluster carry no "cluster": the default one ran them
-        parts[r.get("cluster", "default") if r["slurm"] else TRAINING if r["test"].startswith(EARLIER_TRAINING) else ""] += r["wall_s"]
+        parts[r.get("cluster", "default") if r["slurm"] else TRAINING if r["test"].startswith("tests/training/") else ""] += r["wall_s"]
     lines = [
         "Minutes of tests in each process of `make test`: "
         + "; ".join(f"{part_name(name)}: {wall / 60:.1f}" for name, wall in sorted(parts.items(), key=lambda kv: -kv[1])) + ".",

@@ -4,9 +4,8 @@
 # compute. Together, the waiting overlaps the computing. The local-cluster tests are split in two: those
 # marked any_cluster (Slurm and /fsx only) run on a second local cluster of their own (named "two", its
 # own network and ports), the rest (login, /opt/llm-jobs, monitoring) on the default one. The tests
-# without a cluster are split in two as well: tests/training/test_[a-r]* (multi-process training on CPUs) and the
-# rest (tests/training/test_[s-z]* among them: the two end at about the same time), so that both cores compute
-# while the clusters wait; with pytest arguments (a folder, -k) they run
+# without a cluster are split in two as well: tests/training/ (multi-process training on CPUs) and the
+# rest, so that both cores compute while the clusters wait; with pytest arguments (a folder, -k) they run
 # as one process. Those run at a lower CPU priority (nice 10), so the cluster's drills keep the timing
 # they were written for. The other processes' output is printed whole after the first's. Exit 0 only
 # when all passed.
@@ -30,9 +29,6 @@ case "${TEST_TIER:-gate}" in
   *) echo "error: TEST_TIER=${TEST_TIER} is none of gate, drills, all" >&2; exit 2 ;;
 esac
 
-# tests/training/ in two parts: the earlier in a process of its own, the later with the rest.
-EARLIER_TRAINING="test_[a-r]*" LATER_TRAINING="test_[s-z]*"
-
 passed() {  # pytest's exit status, with "no test selected" (5) a pass: a selection may hold one part only
   [[ $1 == 0 || $1 == 5 ]]
 }
@@ -51,17 +47,16 @@ default_part=$!
 second_part=$!
 training=0
 if (($# == 0)); then
-  ( nice -n 10 "$PY" -m pytest -m "not slurm and ($tier)" tests/training --ignore-glob="tests/training/$LATER_TRAINING"
-    status=$?
+  ( nice -n 10 "$PY" -m pytest -m "not slurm and ($tier)" tests/training; status=$?
     echo "== the training tests without a cluster took $((SECONDS - start)) s"; exit $status ) >"$training_log" 2>&1 &
   training_part=$!
-  nice -n 10 "$PY" -m pytest -m "not slurm and ($tier)" --ignore-glob="tests/training/$EARLIER_TRAINING"
+  nice -n 10 "$PY" -m pytest -m "not slurm and ($tier)" --ignore=tests/training
   other=$?
   other_s=$((SECONDS - start))
   wait "$training_part"
   training=$?
   echo
-  echo "== the training tests without a cluster (pytest -m 'not slurm' tests/training/$EARLIER_TRAINING), run beside the others:"
+  echo "== the training tests without a cluster (pytest -m 'not slurm' tests/training), run beside the others:"
   cat "$training_log"
 else
   nice -n 10 "$PY" -m pytest -m "not slurm and ($tier)" "$@"
