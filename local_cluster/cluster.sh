@@ -687,6 +687,10 @@ cmd_down() {
   for node in "${NODES[@]}"; do daemons+=("$RUN/slurmd-$node.pid:slurmd"); done
   stop_daemons "${daemons[@]}"
   rm -f "$TEXTFILE_DIR/llm.prom"
+  # Alertmanager's notification log: an alert still firing at the down was notified once; kept, it would keep the
+  # next up from notifying the same alert firing again (a repeat waits repeat_interval, hours), and the alert
+  # drills after it wait for that notification.
+  rm -rf "$AM_DATA"
   stop_daemons "$RUN/slurmdbd.pid:slurmdbd"
   stop_daemons "$RUN/mariadb.pid:mariadbd"
   stop_daemons "$RUN/munged.pid:munged"
