@@ -104,7 +104,7 @@ test-drills: deps  ## the long fault drills and whole-cluster rehearsals (tests 
 	TEST_TIER=drills PY=$(PY) scripts/test_all.sh
 
 # No root: none of the Debian packages, the local cluster, the emulated account or ParallelCluster's venv.
-test-fast: $(VENV)/.installed .build/float8/.installed node_modules/.installed .build/pcluster/.installed  ## the inner loop: every test not marked slurm, slow or root (docs/testing.md)
+test-fast: $(VENV)/.installed .build/float8/.installed node_modules/.installed .build/pcluster/.installed  ## the inner loop: every test not marked slurm, slow, root or drill (docs/testing.md)
 	$(PY) -m pytest -m "not slurm and not slow and not root and not drill"
 
 bench: deps  ## run every benchmark; figures in benchmarks/results/*.json
